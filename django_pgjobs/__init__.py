@@ -1,0 +1,71 @@
+"""django-pgjobs: a durable PostgreSQL job queue for Django.
+
+The public API. Nothing here imports models at import time, so it is safe to import from
+settings-adjacent code and from handler modules.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import (
+    EnqueueError,
+    InvalidJobOption,
+    LeaseLost,
+    PayloadNotJSON,
+    PayloadTooLarge,
+    Permanent,
+    PgJobsError,
+    RetryAfter,
+    Snooze,
+    Transient,
+    UnknownQueue,
+    UnknownTask,
+)
+from .registry import Handler, job
+
+if TYPE_CHECKING:
+    from .enqueuing import JobSpec
+    from .models import Job
+
+__all__ = [
+    "EnqueueError",
+    "Handler",
+    "InvalidJobOption",
+    "JobSpec",
+    "LeaseLost",
+    "PayloadNotJSON",
+    "PayloadTooLarge",
+    "Permanent",
+    "PgJobsError",
+    "RetryAfter",
+    "Snooze",
+    "Transient",
+    "UnknownQueue",
+    "UnknownTask",
+    "enqueue",
+    "enqueue_many",
+    "job",
+]
+
+
+def enqueue(task: str | Handler, payload: Any, **options: Any) -> Job:
+    """Enqueue one job in the caller's transaction; see ``django_pgjobs.enqueuing.enqueue``."""
+    from .enqueuing import enqueue as _enqueue
+
+    return _enqueue(task, payload, **options)
+
+
+def enqueue_many(specs: Any, *, using: str | None = None) -> list[Job]:
+    """Enqueue many ``JobSpec``s with one INSERT; see ``django_pgjobs.enqueuing.enqueue_many``."""
+    from .enqueuing import enqueue_many as _enqueue_many
+
+    return _enqueue_many(specs, using=using)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "JobSpec":
+        from .enqueuing import JobSpec
+
+        return JobSpec
+    raise AttributeError(name)

@@ -1,0 +1,17 @@
+from django.apps import AppConfig
+
+
+class PgJobsConfig(AppConfig):
+    name = "django_pgjobs"
+    label = "pgjobs"
+    verbose_name = "Jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .conf import settings
+
+        for module in settings.HANDLER_MODULES:
+            autodiscover_modules(module)

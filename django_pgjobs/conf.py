@@ -1,0 +1,77 @@
+"""Settings, read from Django settings at call time so ``override_settings`` works.
+
+Every setting is ``PGJOBS_<NAME>`` in the project's settings; the defaults live here with their
+units in the name. ``checks.py`` validates them and reports a bad value by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+DEFAULT_QUEUE = "default"
+DEFAULT_QUEUES: list[str] | None = None  # None: any queue name is accepted
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+DEFAULT_LEASE_SECONDS = 30
+DEFAULT_MAX_ATTEMPTS = 20
+DEFAULT_MAX_AGE_SECONDS = 3 * 24 * 3600
+DEFAULT_RETRY_BASE_SECONDS = 1.0
+DEFAULT_RETRY_MAX_SECONDS = 3600.0
+DEFAULT_UNKNOWN_TASK_RETRY_SECONDS = 3600
+DEFAULT_MAX_SNOOZES = 100
+DEFAULT_MAX_SNOOZE_SECONDS = 24 * 3600
+DEFAULT_POLL_INTERVAL_SECONDS = 1.0
+DEFAULT_RESCUE_INTERVAL_SECONDS = 5.0
+DEFAULT_RESCUE_BATCH = 500
+DEFAULT_PROMOTE_BATCH = 5000
+DEFAULT_SETTLE_FLUSH_SECONDS = 0.05
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
+DEFAULT_RECEIPT_RETENTION_SECONDS = 7 * 24 * 3600
+DEFAULT_RETENTION_SECONDS = {
+    "succeeded": 24 * 3600,
+    "cancelled": 7 * 24 * 3600,
+    "dead": 14 * 24 * 3600,
+}
+DEFAULT_PRUNE_INTERVAL_SECONDS = 60.0
+DEFAULT_PRUNE_BATCH = 1000
+DEFAULT_NOTIFY = True
+DEFAULT_AGING_INTERVAL_SECONDS = 60.0
+DEFAULT_AGING_STEP = 10
+DEFAULT_AGING_CAP = 100
+DEFAULT_AGING_BATCH = 1000
+DEFAULT_BACKLOG_MAX_AGE_SECONDS: dict[str, float] = {}
+DEFAULT_REDACT_KEYS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "authorization",
+    "auth",
+    "api_key",
+    "apikey",
+    "card",
+    "card_number",
+    "cvv",
+    "cvc",
+    "ssn",
+    "iban",
+    "private_key",
+    "cookie",
+    "session",
+)
+DEFAULT_HANDLER_MODULES = ("jobs",)
+
+
+class Settings:
+    """Attribute access to ``PGJOBS_*`` settings with module defaults."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            default = globals()[f"DEFAULT_{name}"]
+        except KeyError:
+            raise AttributeError(f"unknown django-pgjobs setting {name!r}") from None
+        return getattr(django_settings, f"PGJOBS_{name}", default)
+
+
+settings = Settings()

@@ -1,0 +1,94 @@
+"""Exceptions: what enqueue refuses, and how handlers classify their failures."""
+
+from __future__ import annotations
+
+
+class PgJobsError(Exception):
+    """Base class of every django-pgjobs error."""
+
+
+# --- enqueue refuses: nothing is written ----------------------------------------------------
+
+
+class EnqueueError(PgJobsError, ValueError):
+    """The job was refused before anything was written."""
+
+
+class UnknownTask(EnqueueError):
+    def __init__(self, task: str) -> None:
+        super().__init__(
+            f"unknown task {task!r}: no handler is registered under that name "
+            "(register it with @django_pgjobs.job and make sure its module is imported)"
+        )
+        self.task = task
+
+
+class UnknownQueue(EnqueueError):
+    pass
+
+
+class PayloadNotJSON(EnqueueError):
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"payload is not JSON at {path}: {reason}")
+        self.path = path
+
+
+class PayloadTooLarge(EnqueueError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"payload is {size} bytes encoded, over the {limit}-byte limit "
+            "(PGJOBS_MAX_PAYLOAD_BYTES); store the data elsewhere and enqueue a reference to it, "
+            "such as a primary key or a storage path"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class InvalidJobOption(EnqueueError):
+    pass
+
+
+# --- handlers raise these to say what kind of failure happened ------------------------------
+
+
+class HandlerSignal(PgJobsError):
+    """A handler's statement about its outcome."""
+
+
+class Permanent(HandlerSignal):
+    """Retrying cannot help (bad input, missing permission, gone for good): dead at once."""
+
+
+class Transient(HandlerSignal):
+    """A passing failure (network, timeout, overload): retry with backoff."""
+
+
+class RetryAfter(Transient):
+    """Rate limited: retry no sooner than ``seconds`` from now."""
+
+    def __init__(self, seconds: float, message: str = "") -> None:
+        if seconds < 0:
+            raise ValueError("RetryAfter seconds must be >= 0")
+        super().__init__(message or f"retry after {seconds:g}s")
+        self.seconds = float(seconds)
+
+
+class Snooze(HandlerSignal):
+    """Not now: run again after ``seconds`` without using an attempt.
+
+    Bounded by PGJOBS_MAX_SNOOZES and the job's deadline.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("Snooze seconds must be >= 0")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)
+
+
+class LeaseLost(PgJobsError):
+    """This worker no longer owns the job: another attempt or an operator took it over."""
+
+
+class AlreadyEnqueued(PgJobsError):
+    pass

@@ -1,0 +1,129 @@
+"""Run one claimed job and turn what happened into an ``Outcome``. Never raises."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from datetime import datetime, timedelta
+
+from .conf import settings
+from .context import ClaimedJob, JobContext
+from .exceptions import Snooze
+from .registry import registry, upgrade_payload
+from .retry import classify, decide
+from .status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from .transitions import Outcome
+
+ERROR_MAX_CHARS = 4000
+TRACEBACK_MAX_CHARS = 32000
+
+
+def claimed_db_time(job: ClaimedJob) -> datetime:
+    """The database clock now, estimated from the claim's lease expiry and local elapsed time."""
+    claimed_at = job.lease_expires_at - timedelta(seconds=job.lease_seconds)
+    return claimed_at + timedelta(seconds=time.monotonic() - job.claimed_monotonic)
+
+
+def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
+    """Run the handler for ``job`` and say what should become of it."""
+    started = time.monotonic()
+    if job.deadline is not None and claimed_db_time(job) >= job.deadline:
+        return _dead(job, TerminalReason.DEADLINE_PASSED, "deadline passed before the job ran")
+    handler = registry.get(job.task)
+    if handler is None:
+        return _failed(job, started, FailureClass.UNKNOWN_TASK,
+                       f"no handler registered for task {job.task!r} in this worker", "")
+    if job.payload_version > handler.version:
+        return _failed(
+            job, started, FailureClass.UNSUPPORTED_VERSION,
+            f"payload version {job.payload_version} is newer than this worker's handler "
+            f"(version {handler.version})", "",
+        )
+    try:
+        payload = upgrade_payload(handler, job.payload, job.payload_version)
+    except LookupError as exc:  # a missing upgrade step: no retry can decode this payload
+        return _failed(job, started, FailureClass.PERMANENT, _describe(exc), "")
+    try:
+        result = handler(ctx, payload)
+    except Snooze as snooze:
+        return _snoozed(job, started, snooze.seconds)
+    except BaseException as exc:  # a handler's failure is data, never the worker's crash
+        tb = "".join(traceback.format_exception(exc))[-TRACEBACK_MAX_CHARS:]
+        failure_class, hint = classify(
+            exc, retry_on=handler.retry_on, permanent_on=handler.permanent_on
+        )
+        return _failed(job, started, failure_class, _describe(exc), tb, hint)
+    try:
+        result_json = json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        # The side effects already happened and a retry would fail the same way.
+        return _failed(job, started, FailureClass.PERMANENT,
+                       f"handler returned a value that is not JSON: {_describe(exc)}", "")
+    return Outcome(
+        job.id, job.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
+        terminal_reason=TerminalReason.SUCCEEDED, result_json=result_json,
+        duration_ms=_ms(started), task=job.task, attempt=job.attempt, trace_id=job.trace_id,
+    )
+
+
+def _failed(
+    job: ClaimedJob,
+    started: float,
+    failure_class: FailureClass,
+    error: str,
+    tb: str,
+    hint: float | None = None,
+) -> Outcome:
+    decision = decide(
+        failure_class, attempts=job.attempt, max_attempts=job.max_attempts,
+        created_at=job.created_at, deadline=job.deadline, now=claimed_db_time(job),
+        hint_seconds=hint,
+    )
+    return Outcome(
+        job.id, job.lease_token, decision.status,
+        AttemptOutcome.DEAD if decision.status == JobStatus.DEAD else AttemptOutcome.FAILED,
+        delay_seconds=decision.delay_seconds, attempts_delta=decision.attempts_delta,
+        failure_class=failure_class.value, terminal_reason=decision.terminal_reason,
+        error=error[:ERROR_MAX_CHARS], traceback=tb, duration_ms=_ms(started), task=job.task,
+        attempt=job.attempt, trace_id=job.trace_id,
+    )
+
+
+def _snoozed(job: ClaimedJob, started: float, seconds: float) -> Outcome:
+    if job.snoozes >= settings.MAX_SNOOZES:
+        return _dead(job, TerminalReason.SNOOZE_LIMIT,
+                     f"snoozed {job.snoozes} times (PGJOBS_MAX_SNOOZES)", started)
+    seconds = min(seconds, float(settings.MAX_SNOOZE_SECONDS))
+    wakes_at = claimed_db_time(job) + timedelta(seconds=seconds)
+    if job.deadline is not None and wakes_at >= job.deadline:
+        return _dead(job, TerminalReason.DEADLINE_PASSED, "snooze would end after the deadline",
+                     started)
+    return Outcome(
+        job.id, job.lease_token, JobStatus.SCHEDULED if seconds > 0 else JobStatus.READY,
+        AttemptOutcome.SNOOZED, delay_seconds=seconds, attempts_delta=-1, snoozes_delta=1,
+        duration_ms=_ms(started), task=job.task, attempt=job.attempt, trace_id=job.trace_id,
+    )
+
+
+def _dead(
+    job: ClaimedJob, reason: TerminalReason, error: str, started: float | None = None
+) -> Outcome:
+    return Outcome(
+        job.id, job.lease_token, JobStatus.DEAD, AttemptOutcome.DEAD, terminal_reason=reason,
+        error=error, duration_ms=_ms(started) if started is not None else None, task=job.task,
+        attempt=job.attempt, trace_id=job.trace_id,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    kind = type(exc)
+    name = kind.__qualname__
+    if kind.__module__ != "builtins":
+        name = f"{kind.__module__}.{name}"
+    text = str(exc)
+    return f"{name}: {text}" if text else name
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

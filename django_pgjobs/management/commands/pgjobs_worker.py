@@ -1,0 +1,102 @@
+"""manage.py pgjobs_worker: run a worker until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from django_pgjobs.worker import Worker
+
+
+def _whole(low: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and less than 86400, got {text}")
+    return value
+
+
+def _queue(text: str) -> str:
+    if not text or len(text) > 64:
+        raise argparse.ArgumentTypeError("a queue name has 1 to 64 characters")
+    return text
+
+
+class Command(BaseCommand):
+    help = "Run a django-pgjobs worker: claim jobs, run their handlers, settle them."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--queue", "-q", action="append", type=_queue, dest="queues",
+                            help="queue to serve (repeatable); default: every queue")
+        parser.add_argument("--concurrency", "-c", type=_whole(1), default=1,
+                            help="executor threads, one database connection each (default 1)")
+        parser.add_argument("--batch-size", type=_whole(1), default=10,
+                            help="jobs claimed per claim (default 10)")
+        parser.add_argument("--poll-interval", type=_seconds, default=None,
+                            help="seconds between polls when idle (default "
+                                 "PGJOBS_POLL_INTERVAL_SECONDS)")
+        parser.add_argument("--burst", action="store_true",
+                            help="exit 0 once nothing is eligible")
+        parser.add_argument("--max-jobs", type=_whole(1), default=None,
+                            help="exit after claiming this many jobs")
+        parser.add_argument("--worker-id", default=None,
+                            help="name in leases and attempts (default host:pid:random)")
+        parser.add_argument("--shutdown-grace", type=_seconds, default=None,
+                            help="seconds running handlers get to finish after SIGTERM")
+        parser.add_argument("--database", default="default", help="database alias")
+        parser.add_argument("--log-level", default="INFO",
+                            choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["database"] not in connections:
+            raise CommandError(f"unknown database alias {options['database']!r}")
+        worker_id = options["worker_id"]
+        if worker_id is not None and not 0 < len(worker_id) <= 200:
+            raise CommandError("--worker-id must have 1 to 200 characters")
+        self._configure_logging(options["log_level"])
+        worker = Worker(
+            queues=options["queues"],
+            concurrency=options["concurrency"],
+            batch_size=options["batch_size"],
+            poll_interval=options["poll_interval"],
+            burst=options["burst"],
+            max_jobs=options["max_jobs"],
+            worker_id=worker_id,
+            shutdown_grace=options["shutdown_grace"],
+            using=options["database"],
+        )
+        worker.run()
+        counters = worker.counters
+        self.stdout.write(
+            f"worker {worker.worker_id} claimed {counters.claimed}, settled "
+            f"{sum(counters.settled.values())} {dict(sorted(counters.settled.items()))}, "
+            f"lost {counters.lost}"
+        )
+
+    def _configure_logging(self, level: str) -> None:
+        root = logging.getLogger("django_pgjobs")
+        root.setLevel(level)
+        if not root.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            root.addHandler(handler)

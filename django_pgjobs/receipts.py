@@ -1,0 +1,84 @@
+"""Idempotency receipts: a side effect that must not repeat is recorded once per (scope, key).
+
+The receipt row commits in the same transaction as the handler's local database side effect, so
+either both happen or neither does. For an external provider, pass ``receipt.key`` as the
+provider's idempotency key and store its response as ``receipt.result``: a retry after an
+ambiguous outcome finds the receipt done and replays the stored result instead of calling again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from . import sql
+from .conf import settings
+from .enqueuing import encode_payload
+
+_UNSET = object()
+
+
+class Receipt:
+    """What a handler sees inside ``ctx.receipt(...)``."""
+
+    def __init__(self, scope: str, key: str, *, done: bool, result: Any) -> None:
+        self.scope = scope
+        self.key = key
+        self.done = done
+        self._result = result
+        self._new_result: Any = _UNSET
+
+    @property
+    def result(self) -> Any:
+        return self._result if self._new_result is _UNSET else self._new_result
+
+    @result.setter
+    def result(self, value: Any) -> None:
+        if self.done:
+            raise RuntimeError(f"receipt {self.scope}:{self.key} is already done")
+        encode_payload(value)  # refuse a result that is not JSON before the effect commits
+        self._new_result = value
+
+    def __repr__(self) -> str:
+        return f"<Receipt {self.scope}:{self.key} done={self.done}>"
+
+
+@contextmanager
+def receipt(
+    scope: str,
+    key: str,
+    *,
+    job_id: int | None = None,
+    retention_seconds: float | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Iterator[Receipt]:
+    """Hold the receipt for ``(scope, key)`` for the block, in one transaction.
+
+    When ``receipt.done`` is true the effect already happened (``receipt.result`` is what it
+    returned); otherwise perform it and set ``receipt.result``. An exception in the block rolls
+    back the receipt together with the block's own database writes.
+    """
+    if not scope or not key or len(scope) > 100 or len(key) > 255:
+        raise ValueError("receipt scope (<= 100 chars) and key (<= 255 chars) must be non-empty")
+    retention = (
+        settings.RECEIPT_RETENTION_SECONDS if retention_seconds is None else retention_seconds
+    )
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(sql.query("take_receipt"), [scope, key, job_id, float(retention)])
+        row = cursor.fetchone()
+        if row is not None:
+            receipt_id, held = row[0], Receipt(scope, key, done=False, result=None)
+        else:
+            cursor.execute(sql.query("read_receipt"), [scope, key])
+            receipt_id, stored = cursor.fetchone()
+            value = json.loads(stored) if isinstance(stored, str) else stored
+            held = Receipt(scope, key, done=True, result=value)
+        yield held
+        if not held.done and held._new_result is not _UNSET:
+            cursor.execute(
+                sql.query("record_receipt_result"), [encode_payload(held.result), receipt_id]
+            )

@@ -1,0 +1,33 @@
+"""Named SQL statements for what the ORM cannot say.
+
+Each ``*.sql`` file in this folder holds blocks that start with a ``-- name: <name>`` line.
+Parameters are always bound (``%s``); the only text ever spliced in is another query the ORM
+compiled (a ``{candidates}`` marker), never a value.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def _load_all() -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for entry in sorted(resources.files(__package__).iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _BLOCK.split(entry.read_text(encoding="utf-8"))
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in queries:
+                raise RuntimeError(f"SQL block {name!r} is defined twice")
+            queries[name] = body.strip()
+    return queries
+
+
+def query(name: str) -> str:
+    """Return the SQL text of the block called ``name``."""
+    return _load_all()[name]

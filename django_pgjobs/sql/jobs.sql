@@ -1,0 +1,118 @@
+-- name: claim_jobs
+-- The candidates CTE is the ORM's select_for_update(skip_locked=True) query over the claim index.
+-- Kept in its own CTE it is an optimisation fence: the planner cannot fold it into the UPDATE
+-- and lock more rows than its LIMIT. Lease expiry comes from the database clock.
+WITH candidates AS (
+    {candidates}
+), claimed AS (
+    UPDATE pgjobs_job AS j
+    SET status = 'running',
+        attempts = j.attempts + 1,
+        lease_owner = %s,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => j.lease_seconds),
+        heartbeat_at = now(),
+        started_at = COALESCE(j.started_at, now()),
+        updated_at = now()
+    FROM candidates AS c
+    WHERE j.id = c.id
+    RETURNING j.id, j.task, j.payload_version, j.payload, j.attempts, j.max_attempts,
+              j.snoozes, j.deadline, j.lease_seconds, j.lease_token, j.lease_expires_at,
+              j.trace_id, j.queue, j.priority, j.created_at, j.run_at, j.lease_owner
+), recorded AS (
+    INSERT INTO pgjobs_attempt (job_id, number, worker_id, lease_token, claimed_at, outcome,
+                                reported_outcome, failure_class, error, traceback)
+    SELECT id, attempts, lease_owner, lease_token, now(), 'running', '', '', '', ''
+    FROM claimed
+)
+SELECT id, task, payload_version, payload, attempts, max_attempts, snoozes, deadline,
+       lease_seconds, lease_token, lease_expires_at, trace_id, queue, priority, created_at, run_at
+FROM claimed
+ORDER BY priority DESC, run_at, id
+
+-- name: settle_jobs
+-- One fenced statement for a whole batch of outcomes. A job row changes only while it is still
+-- running under the reported lease token; an outcome whose token no longer matches is written
+-- to its own attempt as 'lost' and nowhere else.
+WITH reported AS (
+    SELECT *
+    FROM unnest(%s::bigint[], %s::uuid[], %s::text[], %s::text[], %s::float8[], %s::int[],
+                %s::int[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int[])
+        AS r(id, token, status, attempt_outcome, delay_seconds, attempts_delta, snoozes_delta,
+             failure_class, terminal_reason, error, traceback, result, duration_ms)
+), settled AS (
+    UPDATE pgjobs_job AS j
+    SET status = r.status,
+        run_at = CASE WHEN r.delay_seconds IS NULL THEN j.run_at
+                      ELSE now() + make_interval(secs => r.delay_seconds) END,
+        attempts = j.attempts + r.attempts_delta,
+        snoozes = j.snoozes + r.snoozes_delta,
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        failure_class = CASE WHEN r.failure_class = '' THEN j.failure_class
+                             ELSE r.failure_class END,
+        terminal_reason = r.terminal_reason,
+        last_error = CASE WHEN r.error = '' THEN j.last_error ELSE r.error END,
+        result = r.result::jsonb,
+        finished_at = CASE WHEN r.status IN ('succeeded', 'dead', 'cancelled') THEN now() END,
+        updated_at = now()
+    FROM reported AS r
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.status = 'running'
+    RETURNING j.id
+)
+UPDATE pgjobs_attempt AS a
+SET finished_at = now(),
+    outcome = CASE WHEN s.id IS NULL THEN 'lost' ELSE r.attempt_outcome END,
+    reported_outcome = r.attempt_outcome,
+    failure_class = r.failure_class,
+    error = r.error,
+    traceback = r.traceback,
+    duration_ms = r.duration_ms
+FROM reported AS r
+LEFT JOIN settled AS s ON s.id = r.id
+WHERE a.lease_token = r.token
+RETURNING r.token, s.id IS NOT NULL
+
+-- name: extend_leases
+UPDATE pgjobs_job AS j
+SET lease_expires_at = now() + make_interval(secs => j.lease_seconds),
+    heartbeat_at = now(),
+    updated_at = now()
+FROM unnest(%s::bigint[], %s::uuid[]) AS h(id, token)
+WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'running'
+RETURNING j.id, j.lease_expires_at, j.cancel_requested_at IS NOT NULL
+
+-- name: promote_due
+-- Scheduled and retrying jobs whose time has come become ready, oldest first, in one bounded
+-- batch; SKIP LOCKED lets several workers promote at once without waiting on each other.
+WITH due AS (
+    SELECT id
+    FROM pgjobs_job
+    WHERE status IN ('scheduled', 'retrying') AND run_at <= now()
+    ORDER BY run_at
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgjobs_job AS j
+SET status = 'ready', updated_at = now()
+FROM due
+WHERE j.id = due.id
+RETURNING j.queue
+
+-- name: ready_queues
+-- The distinct queues that have ready jobs, read as a loose index scan over the claim index
+-- (one index probe per queue instead of a scan of every ready row).
+WITH RECURSIVE q(queue) AS (
+    (SELECT queue FROM pgjobs_job WHERE status = 'ready' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM pgjobs_job AS j
+            WHERE j.status = 'ready' AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM q
+    WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL
+
+-- name: db_now
+SELECT now()

@@ -1,0 +1,13 @@
+-- name: take_receipt
+-- Insert first, read after: a second holder of the same (scope, key) waits here on the unique
+-- index until the first one's transaction ends, so two attempts cannot both see "not done".
+INSERT INTO pgjobs_receipt (scope, key, job_id, result, created_at, expires_at)
+VALUES (%s, %s, %s, NULL, now(), now() + make_interval(secs => %s))
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING id
+
+-- name: read_receipt
+SELECT id, result FROM pgjobs_receipt WHERE scope = %s AND key = %s
+
+-- name: record_receipt_result
+UPDATE pgjobs_receipt SET result = %s::jsonb WHERE id = %s

@@ -1,0 +1,62 @@
+"""The job state machine, attempt outcomes and failure classes, written down once.
+
+docs/state-machine.md carries the same table; a test keeps the two in step.
+"""
+
+from django.db import models
+
+
+class JobStatus(models.TextChoices):
+    # Waiting for run_at (enqueued with a delay). The promote step moves it to READY when due;
+    # an operator may cancel it.
+    SCHEDULED = "scheduled", "scheduled"
+    # Eligible now. A worker's claim moves it to RUNNING; an operator may cancel it.
+    READY = "ready", "ready"
+    # Leased to one worker. Only the lease holder settles it (to SUCCEEDED, RETRYING, READY on
+    # release or snooze, DEAD); the rescue step takes it when the lease expires.
+    RUNNING = "running", "running"
+    # Failed, waiting out its backoff. The promote step moves it to READY when due; an operator
+    # may cancel or dead-letter it.
+    RETRYING = "retrying", "retrying"
+    # Terminal: the handler returned. Only pruning removes it.
+    SUCCEEDED = "succeeded", "succeeded"
+    # Terminal: will not run again without an operator's retry. terminal_reason says why.
+    DEAD = "dead", "dead"
+    # Terminal: an operator cancelled it before it ran to an outcome. An operator may retry it.
+    CANCELLED = "cancelled", "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED})
+WAITING_STATUSES = frozenset({JobStatus.SCHEDULED, JobStatus.RETRYING})
+
+
+class AttemptOutcome(models.TextChoices):
+    RUNNING = "running", "running"  # claimed; the worker has not reported yet
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"  # the handler raised; the job retries
+    DEAD = "dead", "dead"  # the handler raised and the job went dead
+    SNOOZED = "snoozed", "snoozed"  # the handler deferred itself without using an attempt
+    RELEASED = "released", "released"  # handed back unstarted (shutdown, lease too short to start)
+    LEASE_EXPIRED = "lease_expired", "lease expired"  # the rescue step found the lease expired
+    LOST = "lost", "lost"  # the worker reported after it had lost the lease; nothing applied
+
+
+class FailureClass(models.TextChoices):
+    TRANSIENT = "transient", "transient"
+    RATE_LIMITED = "rate_limited", "rate limited"
+    PERMANENT = "permanent", "permanent"
+    LEASE_EXPIRED = "lease_expired", "lease expired"
+    UNKNOWN = "unknown", "unknown"
+    UNKNOWN_TASK = "unknown_task", "unknown task"
+    UNSUPPORTED_VERSION = "unsupported_version", "unsupported payload version"
+
+
+class TerminalReason(models.TextChoices):
+    SUCCEEDED = "succeeded", "succeeded"
+    PERMANENT_ERROR = "permanent_error", "permanent error"
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted", "attempts exhausted"
+    DEADLINE_PASSED = "deadline_passed", "deadline passed"
+    UNKNOWN_TASK = "unknown_task", "unknown task"
+    UNSUPPORTED_VERSION = "unsupported_version", "unsupported payload version"
+    SNOOZE_LIMIT = "snooze_limit", "snoozed too often"
+    OPERATOR = "operator", "operator action"

@@ -1,0 +1,538 @@
+"""The worker: claim, execute outside any transaction, settle; maintenance; signals.
+
+Threads, each with its own database connection:
+
+- N executors: claim a batch from the next queue in turn, run each job, hand the outcome over;
+- one settler: applies outcomes in batched fenced statements and sends heartbeats;
+- the main thread: maintenance (promote due jobs, rescue expired leases), the watchdog for
+  handlers that hang past their lease, and signals.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+
+from .conf import settings
+from .context import ClaimedJob, JobContext
+from .executor import execute
+from .maintenance import Periodic, default_steps
+from .registry import registry
+from .status import AttemptOutcome
+from .transitions import Outcome, claim_jobs, promote_due_jobs, ready_queues, settle
+
+logger = logging.getLogger("django_pgjobs.worker")
+
+_QUEUE_REFRESH_SECONDS = 1.0
+_RECONNECT_MAX_SECONDS = 5.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def refresh_connection(using: str) -> None:
+    """Drop this thread's connection if an error left it unusable or CONN_MAX_AGE (> 0) passed.
+
+    Unlike ``close_old_connections``, a CONN_MAX_AGE of 0 does not close the connection after
+    every claim: a worker is one long-running "request".
+    """
+    connection = connections[using]
+    if connection.connection is None:
+        return
+    if connection.errors_occurred:
+        if connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            reset_connection(using)
+            return
+    max_age = connection.settings_dict.get("CONN_MAX_AGE")
+    if max_age and connection.close_at is not None and time.monotonic() >= connection.close_at:
+        reset_connection(using)
+
+
+def reset_connection(using: str) -> None:
+    """Drop this thread's connection after an error; the next query reconnects."""
+    try:
+        connections[using].close()
+    except DatabaseError:
+        connections[using].connection = None
+
+
+@dataclass
+class Counters:
+    claimed: int = 0
+    settled: dict[str, int] = field(default_factory=dict)
+    lost: int = 0
+    database_errors: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add_claimed(self, n: int) -> None:
+        with self._lock:
+            self.claimed += n
+
+    def add_settled(self, outcome: str, won: bool) -> None:
+        with self._lock:
+            if won:
+                self.settled[outcome] = self.settled.get(outcome, 0) + 1
+            else:
+                self.lost += 1
+
+    def add_database_error(self) -> None:
+        with self._lock:
+            self.database_errors += 1
+
+
+class Settler(threading.Thread):
+    """Applies outcomes in batches and keeps declared-long leases alive."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(name="pgjobs-settler", daemon=True)
+        self.worker = worker
+        self._cond = threading.Condition()
+        self._pending: list[Outcome] = []
+        self._oldest: float | None = None
+        self._beats: dict[int, tuple[JobContext, float]] = {}
+        self._stopping = False
+
+    def put(self, outcome: Outcome) -> None:
+        with self._cond:
+            self._pending.append(outcome)
+            if self._oldest is None:
+                self._oldest = time.monotonic()
+            if len(self._pending) >= self.worker.settle_batch:
+                self._cond.notify()
+
+    def watch(self, ctx: JobContext) -> None:
+        """Heartbeat ``ctx``'s lease every third of its length until ``unwatch``."""
+        with self._cond:
+            self._beats[ctx.job.id] = (ctx, time.monotonic() + ctx.job.lease_seconds / 3)
+            self._cond.notify()
+
+    def unwatch(self, ctx: JobContext) -> None:
+        with self._cond:
+            self._beats.pop(ctx.job.id, None)
+
+    def stop(self, timeout: float) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self.join(timeout)
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            connections.close_all()
+
+    def _loop(self) -> None:
+        flush_after = float(settings.SETTLE_FLUSH_SECONDS)
+        backoff = 0.1
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    next_beat = min((due for _, due in self._beats.values()), default=None)
+                    ready = bool(self._pending) and (
+                        self._stopping
+                        or len(self._pending) >= self.worker.settle_batch
+                        or now - (self._oldest or now) >= flush_after
+                    )
+                    if ready or (next_beat is not None and next_beat <= now):
+                        break
+                    if self._stopping and not self._pending:
+                        return
+                    waits = [1.0]
+                    if self._pending:
+                        waits.append(flush_after - (now - (self._oldest or now)))
+                    if next_beat is not None:
+                        waits.append(next_beat - now)
+                    self._cond.wait(max(0.001, min(waits)))
+                batch, self._pending, self._oldest = self._pending, [], None
+                beats = [ctx for ctx, due in self._beats.values() if due <= time.monotonic()]
+            try:
+                self._flush(batch)
+                self._heartbeat(beats)
+                backoff = 0.1
+            except DatabaseError as exc:
+                self.worker.counters.add_database_error()
+                logger.warning("settler: database error, will retry: %s", exc)
+                reset_connection(self.worker.using)
+                with self._cond:
+                    self._pending[:0] = batch
+                    self._oldest = self._oldest or time.monotonic()
+                    if self._stopping and time.monotonic() > self.worker.hard_deadline:
+                        logger.error("settler: giving up on %d outcomes at shutdown; their "
+                                     "leases will expire and the jobs will be rescued",
+                                     len(self._pending))
+                        return
+                time.sleep(backoff)
+                backoff = min(backoff * 2, _RECONNECT_MAX_SECONDS)
+
+    def _flush(self, batch: Sequence[Outcome]) -> None:
+        if not batch:
+            return
+        won = settle(batch, using=self.worker.using)
+        for outcome in batch:
+            self.worker.log_settled(outcome, won[outcome.lease_token])
+
+    def _heartbeat(self, contexts: Sequence[JobContext]) -> None:
+        if not contexts:
+            return
+        from .transitions import extend_leases
+
+        extended = extend_leases(
+            [(ctx.job.id, ctx.job.lease_token) for ctx in contexts], using=self.worker.using
+        )
+        with self._cond:
+            for ctx in contexts:
+                if ctx.job.id not in extended:
+                    ctx._lease_lost.set()
+                    self._beats.pop(ctx.job.id, None)
+                    logger.warning("job.lease_lost id=%s task=%s worker=%s",
+                                   ctx.job.id, ctx.job.task, self.worker.worker_id)
+                    continue
+                ctx.job.claimed_monotonic = time.monotonic()
+                if extended[ctx.job.id]:
+                    ctx._cancel_requested.set()
+                if ctx.job.id in self._beats:
+                    self._beats[ctx.job.id] = (ctx, time.monotonic() + ctx.job.lease_seconds / 3)
+
+
+@dataclass
+class Slot:
+    """One executor thread and what it is running, for the watchdog."""
+
+    index: int
+    thread: threading.Thread | None = None
+    job: ClaimedJob | None = None
+    heartbeat: bool = False
+    abandoned: bool = False
+
+
+class Worker:
+    """Runs jobs from the given queues (all queues when none are given) until stopped."""
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 1,
+        batch_size: int = 10,
+        poll_interval: float | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        worker_id: str | None = None,
+        shutdown_grace: float | None = None,
+        using: str = DEFAULT_DB_ALIAS,
+        install_signals: bool = True,
+        maintenance: Sequence[Periodic] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if max_jobs is not None and max_jobs < 1:
+            raise ValueError("max_jobs must be at least 1")
+        self.queues = list(dict.fromkeys(queues)) if queues else None
+        self.concurrency = concurrency
+        self.batch_size = batch_size
+        self.settle_batch = batch_size * concurrency
+        self.poll_interval = float(
+            settings.POLL_INTERVAL_SECONDS if poll_interval is None else poll_interval
+        )
+        if self.poll_interval <= 0:
+            raise ValueError("poll_interval must be > 0")
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.worker_id = worker_id or default_worker_id()
+        self.shutdown_grace = float(
+            settings.SHUTDOWN_GRACE_SECONDS if shutdown_grace is None else shutdown_grace
+        )
+        self.using = using
+        self.install_signals = install_signals
+        self.steps = list(maintenance) if maintenance is not None else default_steps(
+            self.poll_interval
+        )
+        self.counters = Counters()
+        self.hard_deadline = float("inf")
+        self._stop = threading.Event()
+        self._budget_lock = threading.Lock()
+        self._budget = max_jobs
+        self._wake = threading.Condition()
+        self._wake_generation = 0
+        self._rotation = 0
+        self._known_queues: list[str] = []
+        self._queues_read_at = 0.0
+        self._slots: list[Slot] = []
+        self._settler = Settler(self)
+        self._signals_seen = 0
+        # Called with (outcome, won) after each settlement; metrics hook in here.
+        self.settle_listeners: list[Callable[[Outcome, bool], None]] = []
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (signal, ``stop()``, burst finished or max jobs); return 0."""
+        previous = self._install_signal_handlers()
+        logger.info("worker.start worker=%s queues=%s concurrency=%d batch=%d burst=%s",
+                    self.worker_id, ",".join(self.queues or ["*"]), self.concurrency,
+                    self.batch_size, self.burst)
+        self._settler.start()
+        for index in range(self.concurrency):
+            self._start_slot(Slot(index))
+        try:
+            self._main_loop()
+        finally:
+            self._shutdown()
+            self._restore_signal_handlers(previous)
+        logger.info("worker.stop worker=%s claimed=%d settled=%s lost=%d", self.worker_id,
+                    self.counters.claimed, self.counters.settled, self.counters.lost)
+        return 0
+
+    def stop(self) -> None:
+        """Stop claiming; running handlers finish, unstarted claimed jobs are released."""
+        self._stop.set()
+        self.wake()
+
+    def wake(self) -> None:
+        """Tell idle executors to claim now (new work arrived)."""
+        with self._wake:
+            self._wake_generation += 1
+            self._wake.notify_all()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _main_loop(self) -> None:
+        while not self._stop.is_set():
+            if not any(s.thread and s.thread.is_alive() for s in self._slots if not s.abandoned):
+                return
+            now = time.monotonic()
+            for step in self.steps:
+                if step.due(now):
+                    self._run_step(step)
+                    step.schedule_next(time.monotonic())
+            self._watchdog()
+            next_due = min((s.next_due for s in self.steps), default=now + 1.0)
+            self._stop.wait(max(0.01, min(next_due - time.monotonic(), 0.25)))
+
+    def _run_step(self, step: Periodic) -> None:
+        try:
+            changed = step.run(self.using)
+        except DatabaseError as exc:
+            self.counters.add_database_error()
+            logger.warning("maintenance %s: database error: %s", step.name, exc)
+            reset_connection(self.using)
+            return
+        if changed and step.name == "promote":
+            self.wake()
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        self.wake()
+        self.hard_deadline = time.monotonic() + self.shutdown_grace
+        for slot in self._slots:
+            if slot.thread is not None and not slot.abandoned:
+                slot.thread.join(max(0.0, self.hard_deadline - time.monotonic()))
+        still_running = [s.job.id for s in self._slots if s.job is not None]
+        if still_running:
+            logger.warning("worker.shutdown jobs still running after %.0fs grace: %s; their "
+                           "leases will expire and they will be rescued",
+                           self.shutdown_grace, still_running)
+        self._settler.stop(timeout=max(1.0, self.hard_deadline - time.monotonic()) + 1.0)
+        connections.close_all()
+
+    # --- signals ----------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if not self.install_signals or threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    def _restore_signal_handlers(self, previous: dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals_seen += 1
+        if self._signals_seen > 1:
+            logger.warning("worker.kill worker=%s second signal: exiting now; leases will "
+                           "recover running jobs", self.worker_id)
+            os._exit(1)
+        logger.info("worker.drain worker=%s signal=%s: finishing running jobs",
+                    self.worker_id, signal.Signals(signum).name)
+        self.stop()
+
+    # --- executors --------------------------------------------------------------------------
+
+    def _start_slot(self, slot: Slot) -> None:
+        slot.thread = threading.Thread(
+            target=self._executor, args=(slot,), name=f"pgjobs-executor-{slot.index}",
+            daemon=True,
+        )
+        if slot not in self._slots:
+            self._slots.append(slot)
+        slot.thread.start()
+
+    def _executor(self, slot: Slot) -> None:
+        backoff = 0.1
+        try:
+            while not self._stop.is_set() and not slot.abandoned:
+                limit = self._take_budget()
+                if limit == 0:
+                    return
+                generation = self._wake_generation
+                try:
+                    refresh_connection(self.using)
+                    jobs = self._claim(limit)
+                    backoff = 0.1
+                except DatabaseError as exc:
+                    self._give_back_budget(limit)
+                    self.counters.add_database_error()
+                    logger.warning("claim: database error, retrying in %.1fs: %s", backoff, exc)
+                    reset_connection(self.using)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, _RECONNECT_MAX_SECONDS)
+                    continue
+                self._give_back_budget(limit - len(jobs))
+                if not jobs:
+                    if self.burst and not self._anything_eligible():
+                        return
+                    self._idle(generation)
+                    continue
+                self.counters.add_claimed(len(jobs))
+                self._run_batch(slot, jobs)
+        finally:
+            connections.close_all()
+
+    def _run_batch(self, slot: Slot, jobs: list[ClaimedJob]) -> None:
+        for position, job in enumerate(jobs):
+            if self._stop.is_set() or slot.abandoned:
+                for unstarted in jobs[position:]:
+                    self._settler.put(Outcome.release(unstarted, "worker stopping"))
+                return
+            if job.lease_left_seconds() < job.lease_seconds / 2:
+                # Waiting behind its batch used half the lease: hand it back rather than start
+                # work that may outlive the lease.
+                self._settler.put(Outcome.release(job, "lease too short to start"))
+                continue
+            handler = registry.get(job.task)
+            ctx = JobContext(job, worker_id=self.worker_id, using=self.using)
+            slot.job, slot.heartbeat = job, bool(handler and handler.heartbeat)
+            if slot.heartbeat:
+                self._settler.watch(ctx)
+            try:
+                outcome = execute(job, ctx)
+            finally:
+                if slot.heartbeat:
+                    self._settler.unwatch(ctx)
+                slot.job = None
+            self._settler.put(outcome)
+
+    def _claim(self, limit: int) -> list[ClaimedJob]:
+        queues = self._queue_order()
+        for queue in queues:
+            jobs = claim_jobs(self.worker_id, queue, limit, using=self.using)
+            if jobs:
+                return jobs
+        if self.queues is None:
+            self._queues_read_at = 0.0  # nothing found: read the ready queues again next time
+        return []
+
+    def _queue_order(self) -> list[str]:
+        if self.queues is not None:
+            queues = self.queues
+        else:
+            now = time.monotonic()
+            if now - self._queues_read_at > _QUEUE_REFRESH_SECONDS:
+                self._known_queues = ready_queues(using=self.using)
+                self._queues_read_at = now
+            queues = self._known_queues
+        if not queues:
+            return []
+        # Round-robin: each claim starts at the next queue, so one flooded queue gets at most
+        # its share of claims while other queues have ready work.
+        self._rotation = (self._rotation + 1) % len(queues)
+        return queues[self._rotation:] + queues[: self._rotation]
+
+    def _anything_eligible(self) -> bool:
+        if promote_due_jobs(settings.PROMOTE_BATCH, using=self.using):
+            return True
+        ready = set(ready_queues(using=self.using))
+        return bool(ready if self.queues is None else ready.intersection(self.queues))
+
+    def _idle(self, generation: int) -> None:
+        timeout = self.poll_interval * random.uniform(0.8, 1.2)
+        with self._wake:
+            if self._wake_generation == generation and not self._stop.is_set():
+                self._wake.wait(timeout)
+
+    def _take_budget(self) -> int:
+        with self._budget_lock:
+            if self._budget is None:
+                return self.batch_size
+            take = min(self.batch_size, self._budget)
+            self._budget -= take
+            return take
+
+    def _give_back_budget(self, n: int) -> None:
+        if n <= 0:
+            return
+        with self._budget_lock:
+            if self._budget is not None:
+                self._budget += n
+
+    def _watchdog(self) -> None:
+        # A handler that hangs past its lease (without heartbeats) has lost the job to the
+        # rescue step; its thread cannot be killed, so give up on it and start a fresh one.
+        for slot in list(self._slots):
+            job = slot.job
+            if job is None or slot.heartbeat or slot.abandoned:
+                continue
+            if job.lease_left_seconds() < -job.lease_seconds:
+                slot.abandoned = True
+                logger.error("worker.abandon worker=%s job=%s task=%s ran past twice its lease; "
+                             "starting a new executor", self.worker_id, job.id, job.task)
+                self._start_slot(Slot(len(self._slots)))
+
+    # --- logging ----------------------------------------------------------------------------
+
+    def log_settled(self, outcome: Outcome, won: bool) -> None:
+        reported = outcome.attempt_outcome.value
+        self.counters.add_settled(reported, won)
+        fields: dict[str, Any] = {
+            "job_id": outcome.job_id, "task": outcome.task, "attempt": outcome.attempt,
+            "worker": self.worker_id, "trace_id": outcome.trace_id,
+            "outcome": reported if won else AttemptOutcome.LOST.value,
+            "status": outcome.status.value if won else None,
+            "failure_class": outcome.failure_class, "duration_ms": outcome.duration_ms,
+        }
+        level = logging.INFO if won else logging.WARNING
+        logger.log(
+            level,
+            "job.%s id=%s task=%s attempt=%s worker=%s trace=%s status=%s class=%s "
+            "duration_ms=%s",
+            fields["outcome"], outcome.job_id, outcome.task, outcome.attempt, self.worker_id,
+            outcome.trace_id or "-", fields["status"] or f"unchanged(reported {reported})",
+            outcome.failure_class or "-", outcome.duration_ms,
+            extra={"pgjobs": fields},
+        )
+        for listener in self.settle_listeners:
+            listener(outcome, won)

@@ -1,0 +1,95 @@
+"""Demo handlers: each shows one behaviour of the queue."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from django_pgjobs import Permanent, Transient, job
+from django_pgjobs.context import JobContext
+
+from .models import LedgerEntry, Order
+
+
+def _ledger(ctx: JobContext, kind: str, key: str, started: Any) -> None:
+    LedgerEntry.objects.create(
+        kind=kind, key=key, job_id=ctx.job_id, attempt=ctx.attempt, worker_id=ctx.worker_id,
+        started_at=started,
+    )
+
+
+@job("demo.noop")
+def noop(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Succeed at once."""
+    return {"n": payload.get("n")}
+
+
+@job("demo.work", lease=timedelta(seconds=3))
+def work(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Sleep a little and write an unreceipted side effect (duplicates show in the ledger)."""
+    started = timezone.now()
+    time.sleep(payload.get("sleep", 0.01))
+    _ledger(ctx, "work", str(payload["n"]), started)
+
+
+@job("demo.flaky", max_attempts=5, lease=timedelta(seconds=3))
+def flaky(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """Fail transiently on the first ``failures`` attempts, then succeed."""
+    if ctx.attempt <= payload.get("failures", 1):
+        raise Transient(f"upstream timed out (attempt {ctx.attempt})")
+    return "ok"
+
+
+@job("demo.invalid")
+def invalid(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Reject bad input: a permanent failure, dead at once."""
+    raise ValidationError(f"order {payload.get('order')!r} has no line items")
+
+
+@job("demo.charge", lease=timedelta(seconds=3))
+def charge(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Charge an order exactly once: the ledger row and the receipt commit together."""
+    order = Order.objects.get(pk=payload["order_id"])
+    started = timezone.now()
+    with ctx.receipt("charge", key=f"order:{order.pk}") as receipt:
+        if receipt.done:
+            return receipt.result
+        time.sleep(payload.get("sleep", 0.0))
+        _ledger(ctx, "charge", str(order.pk), started)
+        Order.objects.filter(pk=order.pk).update(charged=True)
+        receipt.result = {"charged_cents": order.amount_cents}
+    return receipt.result
+
+
+@job("demo.long", lease=timedelta(seconds=2), heartbeat=True)
+def long_running(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """Run longer than the lease; heartbeats keep it owned."""
+    deadline = time.monotonic() + payload.get("seconds", 3)
+    while time.monotonic() < deadline:
+        if ctx.lease_lost:
+            raise Transient("lease lost; stopping")
+        time.sleep(0.05)
+    return "done"
+
+
+@job("demo.poison", max_attempts=3, lease=timedelta(seconds=2))
+def poison(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Kill the worker process that runs it, every time."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@job("demo.bad_return")
+def bad_return(ctx: JobContext, payload: dict[str, Any]) -> object:
+    """Return something that is not JSON."""
+    return object()
+
+
+@job("demo.permission")
+def permission(ctx: JobContext, payload: dict[str, Any]) -> None:
+    raise Permanent("the API key was revoked")

@@ -1,0 +1,83 @@
+"""Settings for the demo and the test suite.
+
+DATABASE_URL picks the PostgreSQL server; without it an embedded server starts with its data in
+.pgdata/ at the repository root.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="pgjobs-testproject-not-secret")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
+
+if env.str("DATABASE_URL", default=""):
+    DATABASES = {"default": env.db_url("DATABASE_URL")}
+else:
+    from testproject.embedded import embedded_database
+
+    DATABASES = {"default": embedded_database(BASE_DIR / ".pgdata")}
+# Worker processes started by the tests connect to the test database by this name.
+if env.str("PGJOBS_DATABASE_NAME", default=""):
+    DATABASES["default"]["NAME"] = env.str("PGJOBS_DATABASE_NAME")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_pgjobs",
+    "testproject.demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Short waits so the demo's retries finish within its minute.
+PGJOBS_RETRY_BASE_SECONDS = env.float("PGJOBS_RETRY_BASE_SECONDS", default=0.05)
+PGJOBS_RETRY_MAX_SECONDS = env.float("PGJOBS_RETRY_MAX_SECONDS", default=1.0)
+PGJOBS_RESCUE_INTERVAL_SECONDS = env.float("PGJOBS_RESCUE_INTERVAL_SECONDS", default=0.5)
+PGJOBS_POLL_INTERVAL_SECONDS = env.float("PGJOBS_POLL_INTERVAL_SECONDS", default=0.2)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "django_pgjobs": {"handlers": ["stderr"], "level": env.str("PGJOBS_LOG_LEVEL", "WARNING")},
+    },
+}
