@@ -84,15 +84,15 @@ def _validate(spec: JobSpec) -> _Row:
     handler = _resolve_handler(spec.task)
     name = handler.name if handler is not None else str(spec.task)
     payload_version = opts.pop("payload_version", handler.version if handler else 1)
-    queue = opts.pop("queue", None) or (handler.queue if handler else None) or settings.QUEUE
+    queue = _first(opts.pop("queue", None), handler and handler.queue, settings.QUEUE)
     priority = opts.pop("priority", handler.priority if handler else 0)
     run_at = opts.pop("run_at", None)
     delay = opts.pop("delay", None)
     key = opts.pop("idempotency_key", None)
-    max_attempts = opts.pop("max_attempts", None) or (handler.max_attempts if handler else None)
-    max_attempts = max_attempts or settings.MAX_ATTEMPTS
-    max_age = opts.pop("max_age", None) or (handler.max_age if handler else None)
-    lease = opts.pop("lease", None) or (handler.lease if handler else None)
+    max_attempts = _first(opts.pop("max_attempts", None), handler and handler.max_attempts,
+                          settings.MAX_ATTEMPTS)
+    max_age = _first(opts.pop("max_age", None), handler and handler.max_age)
+    lease = _first(opts.pop("lease", None), handler and handler.lease)
     trace_id = opts.pop("trace_id", "") or ""
     fairness_key = opts.pop("fairness_key", None)
     if opts:
@@ -144,6 +144,11 @@ def _validate(spec: JobSpec) -> _Row:
         max_age_seconds, lease_seconds, key, trace_id, fairness_key,
     )
     return _Row(job, values)
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is not None (0 and empty values count: they are errors to report)."""
+    return next((v for v in values if v is not None), None)
 
 
 def _resolve_handler(task: str | Handler) -> Handler | None:

@@ -1,0 +1,102 @@
+"""Shared fixtures: a second real connection, and real worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection, connections
+
+import tests.handlers  # noqa: F401  (registers the test handlers)
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGE = ROOT / "testproject" / "manage.py"
+
+
+@pytest.fixture
+def other_connection(transactional_db: None) -> Iterator[object]:
+    """A second, independent connection to the test database."""
+    conn = connections.create_connection("default")
+    conn.ensure_connection()
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PGJOBS_DATABASE_NAME"] = connection.settings_dict["NAME"]
+    env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
+    env.setdefault("PGJOBS_LOG_LEVEL", "INFO")
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    """A real ``manage.py pgjobs_worker`` process."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MANAGE), "pgjobs_worker", *args],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.flush()
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def start_worker(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real worker processes against the test database; all are killed at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, **env: str) -> WorkerProcess:
+        log = tmp_path / f"worker-{len(started)}.log"
+        worker = WorkerProcess(list(args), worker_env(**env), log)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> object:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

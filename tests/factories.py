@@ -1,0 +1,87 @@
+"""factory-boy factories for jobs in every state."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import factory
+from django.utils import timezone
+
+from django_pgjobs.models import Attempt, IdempotencyReceipt, Job
+from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
+
+
+class JobFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Job
+
+    task = "demo.noop"
+    queue = "default"
+    payload = factory.Sequence(lambda n: {"n": n})
+    status = JobStatus.READY
+    priority = 0
+    base_priority = factory.SelfAttribute("priority")
+    max_attempts = 5
+    lease_seconds = 30
+    deadline = factory.LazyFunction(lambda: timezone.now() + timedelta(days=1))
+
+    class Params:
+        scheduled = factory.Trait(
+            status=JobStatus.SCHEDULED,
+            run_at=factory.LazyFunction(lambda: timezone.now() + timedelta(hours=1)),
+        )
+        running = factory.Trait(
+            status=JobStatus.RUNNING,
+            attempts=1,
+            lease_owner="factory-worker",
+            lease_token=factory.LazyFunction(uuid.uuid4),
+            lease_expires_at=factory.LazyFunction(lambda: timezone.now() + timedelta(seconds=30)),
+            started_at=factory.LazyFunction(timezone.now),
+        )
+        retrying = factory.Trait(
+            status=JobStatus.RETRYING,
+            attempts=1,
+            failure_class="transient",
+            run_at=factory.LazyFunction(lambda: timezone.now() + timedelta(minutes=5)),
+        )
+        succeeded = factory.Trait(
+            status=JobStatus.SUCCEEDED,
+            attempts=1,
+            terminal_reason=TerminalReason.SUCCEEDED,
+            finished_at=factory.LazyFunction(timezone.now),
+        )
+        dead = factory.Trait(
+            status=JobStatus.DEAD,
+            attempts=5,
+            failure_class="permanent",
+            terminal_reason=TerminalReason.PERMANENT_ERROR,
+            last_error="ValueError: bad input",
+            finished_at=factory.LazyFunction(timezone.now),
+        )
+        cancelled = factory.Trait(
+            status=JobStatus.CANCELLED,
+            terminal_reason=TerminalReason.OPERATOR,
+            finished_at=factory.LazyFunction(timezone.now),
+        )
+
+
+class AttemptFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Attempt
+
+    job = factory.SubFactory(JobFactory, running=True)
+    number = 1
+    worker_id = "factory-worker"
+    lease_token = factory.LazyFunction(uuid.uuid4)
+    outcome = AttemptOutcome.RUNNING
+
+
+class ReceiptFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = IdempotencyReceipt
+
+    scope = "charge"
+    key = factory.Sequence(lambda n: f"order:{n}")
+    result = {"ok": True}
+    expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(days=7))

@@ -1,0 +1,98 @@
+"""Handlers the in-process tests use (registered at import, like an app's jobs module)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from django_pgjobs import Permanent, RetryAfter, Snooze, Transient, job
+from django_pgjobs.context import JobContext
+
+events: list[tuple[str, Any]] = []
+gate = threading.Event()
+
+
+@job("tests.ok")
+def ok(ctx: JobContext, payload: Any) -> Any:
+    events.append(("ok", payload))
+    return {"echo": payload}
+
+
+@job("tests.transient", max_attempts=3)
+def transient(ctx: JobContext, payload: Any) -> None:
+    raise Transient("upstream 503")
+
+
+@job("tests.permanent")
+def permanent(ctx: JobContext, payload: Any) -> None:
+    raise Permanent("card declined: do not retry")
+
+
+@job("tests.unknown_error")
+def unknown_error(ctx: JobContext, payload: Any) -> None:
+    raise KeyError("surprise")
+
+
+@job("tests.rate_limited")
+def rate_limited(ctx: JobContext, payload: Any) -> None:
+    raise RetryAfter(120)
+
+
+@job("tests.snooze")
+def snooze(ctx: JobContext, payload: Any) -> None:
+    raise Snooze(payload.get("seconds", 60))
+
+
+@job("tests.system_exit")
+def system_exit(ctx: JobContext, payload: Any) -> None:
+    raise SystemExit(3)
+
+
+@job("tests.keyboard_interrupt")
+def keyboard_interrupt(ctx: JobContext, payload: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@job("tests.bad_return")
+def bad_return(ctx: JobContext, payload: Any) -> Any:
+    return {"when": object()}
+
+
+@job("tests.retry_on", retry_on=[LookupError], permanent_on=[ZeroDivisionError])
+def retry_on(ctx: JobContext, payload: Any) -> None:
+    if payload["raise"] == "lookup":
+        raise LookupError("maybe later")
+    raise ZeroDivisionError("never")
+
+
+@job("tests.versioned", version=3)
+def versioned(ctx: JobContext, payload: Any) -> Any:
+    return payload
+
+
+@versioned.upgrade(from_version=1)
+def _v1_to_v2(payload: Any) -> Any:
+    return {**payload, "currency": "EUR"}
+
+
+@versioned.upgrade(from_version=2)
+def _v2_to_v3(payload: Any) -> Any:
+    return {**payload, "amount_cents": payload.pop("amount") * 100}
+
+
+@job("tests.gated", lease=timedelta(seconds=30))
+def gated(ctx: JobContext, payload: Any) -> str:
+    """Block until the test opens the gate (or 10 s pass)."""
+    events.append(("gated-start", ctx.job_id))
+    gate.wait(10)
+    return "released"
+
+
+@job("tests.long", lease=timedelta(seconds=1), heartbeat=True)
+def long(ctx: JobContext, payload: Any) -> str:
+    deadline = time.monotonic() + payload.get("seconds", 2.5)
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "done" if not ctx.lease_lost else "lost"

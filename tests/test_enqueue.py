@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+import django_pgjobs
+from django_pgjobs import (
+    InvalidJobOption,
+    PayloadNotJSON,
+    PayloadTooLarge,
+    UnknownQueue,
+    UnknownTask,
+)
+from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.models import Job
+from django_pgjobs.status import JobStatus
+from django_pgjobs.transitions import claim_jobs
+from tests.handlers import ok
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rollback_of_the_callers_transaction_leaves_no_job() -> None:
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic():
+        django_pgjobs.enqueue("tests.ok", {"order": 1})
+        assert Job.objects.count() == 1  # visible inside the caller's transaction
+        raise Boom
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_commit_makes_the_job_claimable(other_connection: object) -> None:
+    with transaction.atomic():
+        job = django_pgjobs.enqueue("tests.ok", {"order": 1})
+        # Not visible to another connection before commit.
+        with other_connection.cursor() as cursor:  # type: ignore[attr-defined]
+            cursor.execute("SELECT count(*) FROM pgjobs_job")
+            assert cursor.fetchone()[0] == 0
+    claimed = claim_jobs("w1", "default", 10)
+    assert [c.id for c in claimed] == [job.id]
+
+
+def test_enqueue_returns_a_saved_job_with_database_times() -> None:
+    before = timezone.now()
+    job = django_pgjobs.enqueue("tests.ok", {"a": 1}, priority=5, trace_id="req-1")
+    stored = Job.objects.get(pk=job.pk)
+    assert job.created is True  # type: ignore[attr-defined]
+    assert stored.status == JobStatus.READY == job.status
+    assert stored.priority == stored.base_priority == 5
+    assert stored.payload == {"a": 1}
+    assert stored.trace_id == "req-1"
+    assert stored.run_at == stored.created_at == job.created_at
+    assert stored.created_at >= before - timedelta(seconds=5)
+    assert stored.deadline is not None and stored.deadline > stored.created_at
+
+
+def test_delay_and_run_at_schedule_the_job() -> None:
+    delayed = django_pgjobs.enqueue("tests.ok", {}, delay=timedelta(minutes=5))
+    at = timezone.now() + timedelta(hours=2)
+    timed = django_pgjobs.enqueue("tests.ok", {}, run_at=at)
+    assert delayed.status == timed.status == JobStatus.SCHEDULED
+    assert Job.objects.get(pk=delayed.pk).run_at - Job.objects.get(pk=delayed.pk).created_at == (
+        timedelta(minutes=5)
+    )
+    assert Job.objects.get(pk=timed.pk).run_at == at
+
+
+def test_same_idempotency_key_returns_the_existing_job_and_writes_nothing() -> None:
+    first = django_pgjobs.enqueue("tests.ok", {"v": 1}, idempotency_key="order:42")
+    second = django_pgjobs.enqueue("tests.ok", {"v": 2}, idempotency_key="order:42")
+    assert second.pk == first.pk
+    assert second.created is False  # type: ignore[attr-defined]
+    assert second.payload == {"v": 1}
+    assert Job.objects.count() == 1
+    # The key is per task: another task may use the same key.
+    other = django_pgjobs.enqueue("tests.transient", {}, idempotency_key="order:42")
+    assert other.pk != first.pk and Job.objects.count() == 2
+
+
+def test_handler_shortcut_and_handler_defaults() -> None:
+    job = ok.enqueue({"x": 1}, queue="fast")
+    assert (job.task, job.queue, job.max_attempts) == ("tests.ok", "fast", 20)
+
+
+def test_enqueue_many_is_one_statement_in_order() -> None:
+    specs = [JobSpec.of("tests.ok", {"i": i}, priority=i % 3) for i in range(50)]
+    specs.append(JobSpec.of("tests.ok", {"i": "dup"}, idempotency_key="k"))
+    specs.append(JobSpec.of("tests.ok", {"i": "dup-again"}, idempotency_key="k"))
+    with CaptureQueriesContext(connection) as queries:
+        jobs = django_pgjobs.enqueue_many(specs)
+    inserts = [q for q in queries.captured_queries if "INSERT INTO pgjobs_job" in q["sql"]]
+    assert len(inserts) == 1
+    assert [j.payload for j in jobs[:50]] == [{"i": i} for i in range(50)]
+    assert [Job.objects.get(pk=j.pk).payload for j in jobs[:50]] == [{"i": i} for i in range(50)]
+    assert jobs[50].pk == jobs[51].pk
+    assert Job.objects.count() == 51
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: django_pgjobs.enqueue("no.such.task", {}), UnknownTask, "unknown task 'no.such.task'"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {"when": datetime(2026, 1, 1)}), PayloadNotJSON,
+         "payload['when']: datetime is not JSON"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {"items": [1, {"x": {1, 2}}]}), PayloadNotJSON,
+         "payload['items'][1]['x']: set is not JSON"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {1: "a"}), PayloadNotJSON,
+         "key 1 is a int, not a string"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {"x": float("nan")}), PayloadNotJSON,
+         "not a finite number"),
+        (lambda: django_pgjobs.enqueue("tests.ok", ("a", "b")), PayloadNotJSON, "tuple is not JSON"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {"blob": "x" * 70_000}), PayloadTooLarge,
+         "enqueue a reference to it"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, run_at=datetime(2030, 1, 1)),
+         InvalidJobOption, "naive datetime"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, priority=101), InvalidJobOption,
+         "priority must be a whole number from -100 to 100"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, priority=True), InvalidJobOption,
+         "priority must be a whole number"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, delay=-1), InvalidJobOption,
+         "delay must be >= 0"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, delay=1, run_at=timezone.now()),
+         InvalidJobOption, "not both"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, max_attempts=0), InvalidJobOption,
+         "max_attempts"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, lease=timedelta(0)), InvalidJobOption,
+         "lease must be > 0"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, idempotency_key=""), InvalidJobOption,
+         "idempotency_key"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, queue=""), UnknownQueue, "queue"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {}, colour="red"), InvalidJobOption,
+         "unknown enqueue option(s): colour"),
+    ],
+)
+def test_bad_input_is_refused_with_a_clear_error_and_writes_nothing(call, error, message) -> None:
+    django_pgjobs.enqueue("tests.ok", {"kept": True})
+    with pytest.raises(error) as raised:
+        call()
+    assert message in str(raised.value)
+    assert list(Job.objects.values_list("payload", flat=True)) == [{"kept": True}]
+
+
+def test_one_bad_job_in_a_bulk_enqueue_writes_none_of_them() -> None:
+    specs = [JobSpec.of("tests.ok", {"i": 1}), JobSpec.of("tests.ok", {"i": object()})]
+    with pytest.raises(PayloadNotJSON):
+        django_pgjobs.enqueue_many(specs)
+    assert Job.objects.count() == 0
+
+
+def test_declared_queues_refuse_unknown_ones(settings) -> None:
+    settings.PGJOBS_QUEUES = ["default", "billing"]
+    django_pgjobs.enqueue("tests.ok", {}, queue="billing")
+    with pytest.raises(UnknownQueue, match="unknown queue 'emails'"):
+        django_pgjobs.enqueue("tests.ok", {}, queue="emails")
+    assert list(Job.objects.values_list("queue", flat=True)) == ["billing"]
+
+
+def test_payload_limit_follows_the_setting(settings) -> None:
+    settings.PGJOBS_MAX_PAYLOAD_BYTES = 100
+    django_pgjobs.enqueue("tests.ok", {"x": "y" * 50})
+    with pytest.raises(PayloadTooLarge, match="over the 100-byte limit"):
+        django_pgjobs.enqueue("tests.ok", {"x": "y" * 100})
+    assert Job.objects.count() == 1
