@@ -79,7 +79,9 @@ def _v1_to_v2(payload: Any) -> Any:
 
 @versioned.upgrade(from_version=2)
 def _v2_to_v3(payload: Any) -> Any:
-    return {**payload, "amount_cents": payload.pop("amount") * 100}
+    rest = dict(payload)
+    amount = rest.pop("amount")
+    return {**rest, "amount_cents": amount * 100}
 
 
 @job("tests.gated", lease=timedelta(seconds=30))

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+import django_pgjobs
+from django_pgjobs.context import JobContext
+from django_pgjobs.executor import execute
+from django_pgjobs.models import Attempt, Job
+from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from django_pgjobs.transitions import claim_jobs, settle
+
+pytestmark = pytest.mark.django_db
+
+
+def run_one(task: str, payload, **options) -> tuple[Job, Attempt]:
+    """Enqueue, claim, execute and settle one job the way a worker does."""
+    django_pgjobs.enqueue(task, payload, **options)
+    [claimed] = claim_jobs("test-worker", options.get("queue", "default"), 1)
+    outcome = execute(claimed, JobContext(claimed, worker_id="test-worker", using="default"))
+    assert settle([outcome]) == {claimed.lease_token: True}
+    return Job.objects.get(pk=claimed.id), Attempt.objects.get(lease_token=claimed.lease_token)
+
+
+def test_success_stores_the_result() -> None:
+    job, attempt = run_one("tests.ok", {"a": 1})
+    assert (job.status, job.terminal_reason, job.result) == (
+        JobStatus.SUCCEEDED, TerminalReason.SUCCEEDED, {"echo": {"a": 1}})
+    assert attempt.outcome == AttemptOutcome.SUCCEEDED and attempt.duration_ms is not None
+
+
+def test_transient_failure_retries_with_backoff_and_keeps_the_error() -> None:
+    job, attempt = run_one("tests.transient", {})
+    assert (job.status, job.failure_class) == (JobStatus.RETRYING, FailureClass.TRANSIENT)
+    assert job.attempts == 1 and job.finished_at is None
+    assert "Transient: upstream 503" in job.last_error
+    assert attempt.outcome == AttemptOutcome.FAILED
+    assert "upstream 503" in attempt.error and "Traceback" in attempt.traceback
+
+
+def test_permanent_failure_is_dead_at_once_with_a_reason() -> None:
+    job, attempt = run_one("tests.permanent", {}, max_attempts=10)
+    assert (job.status, job.terminal_reason, job.failure_class) == (
+        JobStatus.DEAD, TerminalReason.PERMANENT_ERROR, FailureClass.PERMANENT)
+    assert job.attempts == 1 and "card declined" in job.last_error
+    assert attempt.outcome == AttemptOutcome.DEAD
+
+
+def test_last_attempt_ends_dead_with_attempts_exhausted() -> None:
+    job, _ = run_one("tests.unknown_error", {}, max_attempts=1)
+    assert (job.status, job.terminal_reason, job.failure_class) == (
+        JobStatus.DEAD, TerminalReason.ATTEMPTS_EXHAUSTED, FailureClass.UNKNOWN)
+
+
+def test_rate_limited_waits_for_the_hint() -> None:
+    job, _ = run_one("tests.rate_limited", {})
+    assert job.status == JobStatus.RETRYING and job.failure_class == FailureClass.RATE_LIMITED
+    assert job.run_at - job.updated_at >= timedelta(seconds=120)
+
+
+def test_per_handler_mappings_classify() -> None:
+    job, _ = run_one("tests.retry_on", {"raise": "lookup"})
+    assert job.failure_class == FailureClass.TRANSIENT and job.status == JobStatus.RETRYING
+    job, _ = run_one("tests.retry_on", {"raise": "zero"})
+    assert job.failure_class == FailureClass.PERMANENT and job.status == JobStatus.DEAD
+
+
+def test_snooze_defers_without_using_an_attempt(settings) -> None:
+    job, attempt = run_one("tests.snooze", {"seconds": 60})
+    assert (job.status, job.attempts, job.snoozes) == (JobStatus.SCHEDULED, 0, 1)
+    assert job.run_at - job.updated_at == timedelta(seconds=60)
+    assert attempt.outcome == AttemptOutcome.SNOOZED
+
+
+def test_snoozing_past_the_limit_is_dead(settings) -> None:
+    settings.PGJOBS_MAX_SNOOZES = 0
+    job, _ = run_one("tests.snooze", {"seconds": 1})
+    assert (job.status, job.terminal_reason) == (JobStatus.DEAD, TerminalReason.SNOOZE_LIMIT)
+
+
+@pytest.mark.parametrize("task", ["tests.system_exit", "tests.keyboard_interrupt"])
+def test_base_exceptions_from_a_handler_are_recorded_not_raised(task: str) -> None:
+    job, attempt = run_one(task, {})
+    assert job.status == JobStatus.RETRYING and job.failure_class == FailureClass.UNKNOWN
+    assert attempt.outcome == AttemptOutcome.FAILED
+
+
+def test_a_return_value_that_is_not_json_is_a_permanent_failure() -> None:
+    job, _ = run_one("tests.bad_return", {})
+    assert (job.status, job.failure_class) == (JobStatus.DEAD, FailureClass.PERMANENT)
+    assert "not JSON" in job.last_error
+
+
+def test_old_payloads_are_upgraded_before_the_handler_sees_them() -> None:
+    job, _ = run_one("tests.versioned", {"amount": 5}, payload_version=1)
+    assert job.result == {"currency": "EUR", "amount_cents": 500}
+
+
+def test_a_payload_newer_than_the_handler_waits_for_a_newer_worker() -> None:
+    job, attempt = run_one("tests.versioned", {"amount": 5}, payload_version=4)
+    assert (job.status, job.failure_class, job.attempts) == (
+        JobStatus.RETRYING, FailureClass.UNSUPPORTED_VERSION, 0)
+    assert "newer than this worker" in attempt.error
+
+
+def test_an_unknown_task_at_run_time_waits_within_the_deploy_window(settings) -> None:
+    from tests.handlers import ok
+
+    django_pgjobs.enqueue(ok, {})
+    Job.objects.update(task="renamed.in.a.newer.release")
+    [claimed] = claim_jobs("w", "default", 1)
+    settle([execute(claimed, JobContext(claimed, worker_id="w", using="default"))])
+    job = Job.objects.get(pk=claimed.id)
+    assert (job.status, job.failure_class, job.attempts) == (
+        JobStatus.RETRYING, FailureClass.UNKNOWN_TASK, 0)
+
+
+def test_an_unknown_task_after_the_window_is_dead(settings) -> None:
+    settings.PGJOBS_UNKNOWN_TASK_RETRY_SECONDS = 60
+    django_pgjobs.enqueue("tests.ok", {})
+    Job.objects.update(task="gone", created_at=timezone.now() - timedelta(hours=1))
+    [claimed] = claim_jobs("w", "default", 1)
+    settle([execute(claimed, JobContext(claimed, worker_id="w", using="default"))])
+    job = Job.objects.get(pk=claimed.id)
+    assert (job.status, job.terminal_reason) == (JobStatus.DEAD, TerminalReason.UNKNOWN_TASK)
+
+
+def test_a_job_past_its_deadline_is_not_run() -> None:
+    from tests.handlers import events
+
+    events.clear()
+    django_pgjobs.enqueue("tests.ok", {"late": True})
+    Job.objects.update(deadline=timezone.now() - timedelta(hours=1))
+    [claimed] = claim_jobs("w", "default", 1)
+    settle([execute(claimed, JobContext(claimed, worker_id="w", using="default"))])
+    job = Job.objects.get(pk=claimed.id)
+    assert (job.status, job.terminal_reason) == (JobStatus.DEAD, TerminalReason.DEADLINE_PASSED)
+    assert events == []

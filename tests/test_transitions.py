@@ -1,0 +1,247 @@
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+import django_pgjobs
+from django_pgjobs.models import Attempt, Job
+from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from django_pgjobs.transitions import (
+    Outcome,
+    cancel_jobs,
+    claim_jobs,
+    dead_letter_jobs,
+    extend_leases,
+    promote_due_jobs,
+    ready_queues,
+    rescue_expired_leases,
+    retry_jobs,
+    settle,
+)
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def succeeded(job, token) -> Outcome:
+    return Outcome(job.id, token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
+                   terminal_reason=TerminalReason.SUCCEEDED, result_json='{"ok": true}',
+                   duration_ms=5)
+
+
+def expire_lease(job_id: int) -> None:
+    Job.objects.filter(pk=job_id).update(lease_expires_at=timezone.now() - timedelta(hours=1))
+
+
+def test_claim_takes_the_highest_priority_oldest_first_and_records_attempts() -> None:
+    low = JobFactory(priority=0)
+    high_late = JobFactory(priority=10)
+    high_early = JobFactory(priority=10, run_at=timezone.now() - timedelta(minutes=1))
+    JobFactory(queue="other", priority=100)
+    JobFactory(scheduled=True, priority=100)
+    claimed = claim_jobs("w1", "default", 2)
+    assert [c.id for c in claimed] == [high_early.id, high_late.id]
+    for c in claimed:
+        job = Job.objects.get(pk=c.id)
+        assert job.status == JobStatus.RUNNING
+        assert job.attempts == c.attempt == 1
+        assert job.lease_owner == "w1" and job.lease_token == c.lease_token
+        assert job.lease_expires_at == c.lease_expires_at
+        assert job.started_at is not None
+        # The lease comes from the database clock: expiry - lease length == the claim's now().
+        assert job.lease_expires_at - timedelta(seconds=job.lease_seconds) == job.heartbeat_at
+        attempt = Attempt.objects.get(lease_token=c.lease_token)
+        assert (attempt.job_id, attempt.number, attempt.worker_id, attempt.outcome) == (
+            c.id, 1, "w1", AttemptOutcome.RUNNING)
+    assert Job.objects.get(pk=low.pk).status == JobStatus.READY
+
+
+def test_claim_is_one_statement_in_a_short_transaction() -> None:
+    JobFactory.create_batch(10)
+    claim_jobs("warmup", "default", 5)  # compile and cache the statement
+    with CaptureQueriesContext(connection) as queries:
+        claimed = claim_jobs("w1", "default", 5)
+    assert len(claimed) == 5
+    assert len(queries.captured_queries) <= 3
+    sql = " ".join(q["sql"] for q in queries.captured_queries)
+    assert "FOR UPDATE SKIP LOCKED" in sql
+
+
+def test_claim_skips_a_row_locked_by_another_connection(other_connection) -> None:
+    first, second = JobFactory(priority=5), JobFactory(priority=1)
+    other_connection.set_autocommit(False)
+    with other_connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM pgjobs_job WHERE id = %s FOR UPDATE", [first.id])
+    try:
+        claimed = claim_jobs("w1", "default", 10)
+        assert [c.id for c in claimed] == [second.id]
+    finally:
+        other_connection.rollback()
+        other_connection.set_autocommit(True)
+    assert [c.id for c in claim_jobs("w2", "default", 10)] == [first.id]
+
+
+def test_settle_applies_under_the_lease_in_one_statement() -> None:
+    JobFactory.create_batch(3)
+    claimed = claim_jobs("w1", "default", 3)
+    outcomes = [succeeded(c, c.lease_token) for c in claimed]
+    with CaptureQueriesContext(connection) as queries:
+        won = settle(outcomes)
+    assert len(queries.captured_queries) == 1
+    assert all(won.values()) and len(won) == 3
+    for c in claimed:
+        job = Job.objects.get(pk=c.id)
+        assert (job.status, job.lease_token, job.lease_owner, job.lease_expires_at) == (
+            JobStatus.SUCCEEDED, None, None, None)
+        assert job.result == {"ok": True} and job.finished_at is not None
+        attempt = Attempt.objects.get(lease_token=c.lease_token)
+        assert attempt.outcome == attempt.reported_outcome == AttemptOutcome.SUCCEEDED
+        assert attempt.duration_ms == 5 and attempt.finished_at is not None
+
+
+def test_a_stale_worker_cannot_settle_or_heartbeat_a_job_another_attempt_owns() -> None:
+    JobFactory()
+    [stale] = claim_jobs("stale-worker", "default", 1)
+    expire_lease(stale.id)
+    [rescued] = rescue_expired_leases(10)
+    assert rescued.status == JobStatus.RETRYING
+    Job.objects.filter(pk=stale.id).update(run_at=timezone.now() - timedelta(hours=1))
+    promote_due_jobs(10)
+    [fresh] = claim_jobs("fresh-worker", "default", 1)
+    assert fresh.id == stale.id and fresh.lease_token != stale.lease_token
+
+    assert extend_leases([(stale.id, stale.lease_token)]) == {}
+    won = settle([succeeded(stale, stale.lease_token)])
+    assert won == {stale.lease_token: False}
+
+    job = Job.objects.get(pk=stale.id)
+    assert (job.status, job.lease_owner, job.lease_token) == (
+        JobStatus.RUNNING, "fresh-worker", fresh.lease_token)
+    assert job.attempts == 2
+    stale_attempt = Attempt.objects.get(lease_token=stale.lease_token)
+    assert stale_attempt.outcome == AttemptOutcome.LOST
+    assert stale_attempt.reported_outcome == AttemptOutcome.SUCCEEDED
+    # The fresh owner still settles normally.
+    assert settle([succeeded(fresh, fresh.lease_token)]) == {fresh.lease_token: True}
+    assert Job.objects.get(pk=stale.id).status == JobStatus.SUCCEEDED
+
+
+def test_settle_with_a_made_up_token_changes_nothing() -> None:
+    JobFactory()
+    [c] = claim_jobs("w1", "default", 1)
+    forged = uuid.uuid4()
+    assert settle([succeeded(c, forged)]) == {forged: False}
+    assert Job.objects.get(pk=c.id).status == JobStatus.RUNNING
+
+
+def test_heartbeat_extends_only_the_current_lease_and_reports_cancel_requests() -> None:
+    JobFactory(lease_seconds=60)
+    [c] = claim_jobs("w1", "default", 1)
+    Job.objects.filter(pk=c.id).update(lease_expires_at=timezone.now() + timedelta(seconds=1))
+    assert extend_leases([(c.id, c.lease_token)]) == {c.id: False}
+    extended = Job.objects.get(pk=c.id).lease_expires_at
+    assert extended > timezone.now() + timedelta(seconds=50)
+    assert cancel_jobs([c.id]) == (0, 1)
+    assert extend_leases([(c.id, c.lease_token)]) == {c.id: True}
+
+
+def test_rescue_retries_an_expired_lease_with_backoff_and_records_the_attempt() -> None:
+    JobFactory(max_attempts=3)
+    [c] = claim_jobs("dead-worker", "default", 1)
+    expire_lease(c.id)
+    JobFactory(running=True)  # a live lease is left alone
+    rescued = rescue_expired_leases(10)
+    assert [r.job_id for r in rescued] == [c.id]
+    job = Job.objects.get(pk=c.id)
+    assert job.status == JobStatus.RETRYING
+    assert job.failure_class == FailureClass.LEASE_EXPIRED
+    assert job.lease_token is None and job.attempts == 1
+    assert job.run_at >= job.updated_at
+    assert "dead-worker" in job.last_error
+    attempt = Attempt.objects.get(lease_token=c.lease_token)
+    assert attempt.outcome == AttemptOutcome.LEASE_EXPIRED
+    assert Job.objects.filter(status=JobStatus.RUNNING).count() == 1
+
+
+def test_rescue_ends_a_job_that_used_its_last_attempt() -> None:
+    JobFactory(max_attempts=1)
+    [c] = claim_jobs("w1", "default", 1)
+    expire_lease(c.id)
+    rescue_expired_leases(10)
+    job = Job.objects.get(pk=c.id)
+    assert (job.status, job.terminal_reason) == (JobStatus.DEAD, TerminalReason.ATTEMPTS_EXHAUSTED)
+    assert job.finished_at is not None
+
+
+def test_rescue_ends_a_job_past_its_deadline() -> None:
+    JobFactory(max_attempts=10, deadline=timezone.now() + timedelta(seconds=1))
+    [c] = claim_jobs("w1", "default", 1)
+    Job.objects.filter(pk=c.id).update(
+        deadline=timezone.now() - timedelta(hours=1),
+        lease_expires_at=timezone.now() - timedelta(hours=1),
+    )
+    rescue_expired_leases(10)
+    job = Job.objects.get(pk=c.id)
+    assert (job.status, job.terminal_reason) == (JobStatus.DEAD, TerminalReason.DEADLINE_PASSED)
+
+
+def test_rescue_is_bounded_by_its_limit() -> None:
+    JobFactory.create_batch(5)
+    for c in claim_jobs("w1", "default", 5):
+        expire_lease(c.id)
+    assert len(rescue_expired_leases(2)) == 2
+    assert Job.objects.filter(status=JobStatus.RUNNING).count() == 3
+
+
+def test_promote_makes_due_jobs_ready_and_leaves_future_ones() -> None:
+    due = JobFactory(scheduled=True, run_at=timezone.now() - timedelta(seconds=1), queue="q1")
+    retry_due = JobFactory(retrying=True, run_at=timezone.now() - timedelta(seconds=1), queue="q2")
+    future = JobFactory(scheduled=True)
+    assert sorted(promote_due_jobs(100)) == ["q1", "q2"]
+    assert Job.objects.get(pk=due.pk).status == JobStatus.READY
+    assert Job.objects.get(pk=retry_due.pk).status == JobStatus.READY
+    assert Job.objects.get(pk=future.pk).status == JobStatus.SCHEDULED
+    assert ready_queues() == ["q1", "q2"]
+
+
+def test_release_hands_a_job_back_without_using_an_attempt() -> None:
+    JobFactory()
+    [c] = claim_jobs("w1", "default", 1)
+    assert settle([Outcome.release(c, "worker stopping")]) == {c.lease_token: True}
+    job = Job.objects.get(pk=c.id)
+    assert (job.status, job.attempts, job.lease_token) == (JobStatus.READY, 0, None)
+    assert Attempt.objects.get(lease_token=c.lease_token).outcome == AttemptOutcome.RELEASED
+
+
+def test_operator_transitions_are_guarded_by_state() -> None:
+    dead = JobFactory(dead=True)
+    ready = JobFactory()
+    running = JobFactory(running=True)
+    done = JobFactory(succeeded=True)
+    assert retry_jobs([dead.pk, ready.pk, running.pk, done.pk]) == 1
+    dead.refresh_from_db()
+    assert (dead.status, dead.attempts, dead.terminal_reason) == (JobStatus.READY, 0, "")
+    assert cancel_jobs([ready.pk, running.pk, done.pk]) == (1, 1)
+    assert Job.objects.get(pk=ready.pk).status == JobStatus.CANCELLED
+    assert Job.objects.get(pk=running.pk).status == JobStatus.RUNNING
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    assert dead_letter_jobs([dead.pk, running.pk, done.pk], "bad data") == 1
+    dead.refresh_from_db()
+    assert dead.status == JobStatus.DEAD and "bad data" in dead.last_error
+    with pytest.raises(ValueError, match="needs a reason"):
+        dead_letter_jobs([dead.pk], " ")
+
+
+def test_a_running_job_without_a_lease_is_refused_by_the_database() -> None:
+    from django.db import IntegrityError, transaction
+
+    job = django_pgjobs.enqueue("tests.ok", {})
+    with pytest.raises(IntegrityError, match="pgjobs_job_lease_state"), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)
+    with pytest.raises(IntegrityError, match="pgjobs_job_priority_range"), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(priority=500)
