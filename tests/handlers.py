@@ -98,3 +98,13 @@ def long(ctx: JobContext, payload: Any) -> str:
     while time.monotonic() < deadline:
         time.sleep(0.02)
     return "done" if not ctx.lease_lost else "lost"
+
+
+@job("tests.hang_once", lease=timedelta(seconds=1))
+def hang_once(ctx: JobContext, payload: Any) -> str:
+    """Hang far past the lease on the first attempt (until the test opens the gate)."""
+    if ctx.attempt == 1:
+        events.append(("hang-start", ctx.job_id))
+        gate.wait(30)
+        return "late"
+    return "second attempt"

@@ -1,0 +1,159 @@
+"""The Worker class in this process, against real connections."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+import django_pgjobs
+from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.models import Attempt, Job
+from django_pgjobs.status import AttemptOutcome, JobStatus
+from django_pgjobs.transitions import rescue_expired_leases
+from django_pgjobs.worker import Worker
+from tests import handlers
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _reset_handlers():
+    handlers.events.clear()
+    handlers.gate.clear()
+    yield
+    handlers.gate.set()
+
+
+def run_in_thread(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def statuses() -> dict[int, str]:
+    return dict(Job.objects.values_list("id", "status"))
+
+
+def test_burst_drains_a_mixed_workload_and_exits() -> None:
+    jobs = django_pgjobs.enqueue_many(
+        [JobSpec.of("tests.ok", {"i": i}) for i in range(25)]
+        + [JobSpec.of("tests.permanent", {}), JobSpec.of("tests.ok", {}, queue="other")]
+    )
+    worker = Worker(concurrency=2, batch_size=4, burst=True, install_signals=False,
+                    poll_interval=0.05)
+    assert worker.run() == 0
+    final = statuses()
+    assert [final[j.pk] for j in jobs].count(JobStatus.SUCCEEDED) == 26
+    assert final[jobs[25].pk] == JobStatus.DEAD
+    assert worker.counters.claimed == 27
+    assert worker.counters.settled == {"succeeded": 26, "dead": 1}
+    assert worker.counters.lost == 0
+
+
+def test_max_jobs_stops_after_claiming_that_many() -> None:
+    django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"i": i}) for i in range(10)])
+    worker = Worker(batch_size=3, max_jobs=4, install_signals=False, poll_interval=0.05)
+    assert worker.run() == 0
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 4
+    assert Job.objects.filter(status=JobStatus.READY).count() == 6
+
+
+def test_only_the_named_queues_are_served() -> None:
+    django_pgjobs.enqueue("tests.ok", {}, queue="a")
+    django_pgjobs.enqueue("tests.ok", {}, queue="b")
+    Worker(queues=["a"], burst=True, install_signals=False, poll_interval=0.05).run()
+    assert dict(Job.objects.values_list("queue", "status")) == {
+        "a": JobStatus.SUCCEEDED, "b": JobStatus.READY}
+
+
+def test_stop_lets_the_running_handler_finish_and_releases_unstarted_jobs() -> None:
+    gated = django_pgjobs.enqueue("tests.gated", {}, priority=10)
+    rest = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"i": i}) for i in range(3)])
+    worker = Worker(batch_size=4, install_signals=False, poll_interval=0.05)
+    thread = run_in_thread(worker)
+    wait_for(lambda: ("gated-start", gated.pk) in handlers.events, 10)
+    worker.stop()
+    handlers.gate.set()
+    thread.join(15)
+    assert not thread.is_alive()
+    assert Job.objects.get(pk=gated.pk).status == JobStatus.SUCCEEDED
+    for job in rest:
+        stored = Job.objects.get(pk=job.pk)
+        assert (stored.status, stored.attempts, stored.lease_token) == (JobStatus.READY, 0, None)
+        assert Attempt.objects.get(job_id=job.pk).outcome == AttemptOutcome.RELEASED
+
+
+def test_heartbeats_keep_a_declared_long_job_owned_past_its_lease() -> None:
+    job = django_pgjobs.enqueue("tests.long", {"seconds": 2.5})  # lease 1 s, heartbeats
+    worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
+    thread = run_in_thread(worker)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING, 10)
+    rescued = []
+    while thread.is_alive() and Job.objects.get(pk=job.pk).status == JobStatus.RUNNING:
+        rescued += rescue_expired_leases(10)
+        threading.Event().wait(0.1)
+    worker.stop()
+    thread.join(10)
+    stored = Job.objects.get(pk=job.pk)
+    assert rescued == []
+    assert (stored.status, stored.attempts, stored.result) == (JobStatus.SUCCEEDED, 1, "done")
+
+
+def test_a_heartbeat_that_finds_the_lease_gone_tells_the_handler() -> None:
+    job = django_pgjobs.enqueue("tests.long", {"seconds": 1.5})
+    worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
+    thread = run_in_thread(worker)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING, 10)
+    # An operator or a rescuer took the lease: the token no longer matches.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgjobs_job SET lease_token = gen_random_uuid() WHERE id = %s",
+                       [job.pk])
+    wait_for(lambda: worker.counters.lost == 1, 15)
+    worker.stop()
+    thread.join(10)
+    attempt = Attempt.objects.get(job_id=job.pk)
+    assert attempt.outcome == AttemptOutcome.LOST
+    assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING  # untouched by the stale report
+
+
+def test_a_terminated_database_connection_mid_job_does_not_stop_the_worker() -> None:
+    first = django_pgjobs.enqueue("tests.gated", {})
+    worker = Worker(install_signals=False, poll_interval=0.05)
+    thread = run_in_thread(worker)
+    wait_for(lambda: ("gated-start", first.pk) in handlers.events, 10)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 2  # the executor's and the settler's connections
+    handlers.gate.set()
+    wait_for(lambda: Job.objects.get(pk=first.pk).status == JobStatus.SUCCEEDED, 20)
+    second = django_pgjobs.enqueue("tests.ok", {"after": "reconnect"})
+    wait_for(lambda: Job.objects.get(pk=second.pk).status == JobStatus.SUCCEEDED, 20)
+    worker.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert worker.counters.database_errors >= 1
+
+
+def test_a_handler_hanging_past_its_lease_is_abandoned_and_the_worker_goes_on() -> None:
+    hung = django_pgjobs.enqueue("tests.hang_once", {})
+    worker = Worker(install_signals=False, poll_interval=0.05)
+    thread = run_in_thread(worker)
+    wait_for(lambda: ("hang-start", hung.pk) in handlers.events, 10)
+    other = django_pgjobs.enqueue("tests.ok", {"while": "hung"})
+    # Lease 1 s: the rescue step retries it, the watchdog starts a fresh executor after 2 s.
+    wait_for(lambda: Job.objects.get(pk=other.pk).status == JobStatus.SUCCEEDED, 20)
+    wait_for(lambda: Job.objects.get(pk=hung.pk).status == JobStatus.SUCCEEDED, 20)
+    handlers.gate.set()  # the abandoned first attempt finally returns; its report must lose
+    wait_for(lambda: worker.counters.lost == 1, 10)
+    worker.stop()
+    thread.join(10)
+    outcomes = list(Attempt.objects.filter(job_id=hung.pk).order_by("id")
+                    .values_list("outcome", flat=True))
+    assert outcomes == [AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED]
+    assert Job.objects.get(pk=hung.pk).result == "second attempt"

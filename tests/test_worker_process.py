@@ -1,0 +1,93 @@
+"""Real ``manage.py pgjobs_worker`` processes: killed, stopped, misconfigured."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import django_pgjobs
+from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.models import Attempt, Job
+from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
+from tests.conftest import MANAGE, ROOT, wait_for, worker_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_job_whose_worker_is_killed_mid_job_is_completed_by_another_worker(start_worker):
+    job = django_pgjobs.enqueue("demo.work", {"n": 1, "sleep": 30})  # lease 3 s
+    doomed = start_worker("--worker-id", "doomed", "--poll-interval", "0.1")
+    wait_for(lambda: Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING).exists(), 30)
+    doomed.signal(signal.SIGKILL)
+    doomed.wait(10)
+    Job.objects.filter(pk=job.pk).update(payload={"n": 1, "sleep": 0.01})
+    rescuer = start_worker("--worker-id", "rescuer", "--poll-interval", "0.1")
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED, 60)
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait(30) == 0
+    attempts = list(Attempt.objects.filter(job_id=job.pk).order_by("id")
+                    .values_list("worker_id", "outcome", "failure_class"))
+    assert attempts == [
+        ("doomed", AttemptOutcome.LEASE_EXPIRED, FailureClass.LEASE_EXPIRED),
+        ("rescuer", AttemptOutcome.SUCCEEDED, ""),
+    ]
+    assert Job.objects.get(pk=job.pk).attempts == 2
+
+
+def test_sigterm_drains_and_exits_zero_with_nothing_left_running(start_worker):
+    django_pgjobs.enqueue_many(
+        [JobSpec.of("demo.work", {"n": i, "sleep": 0.3}) for i in range(30)]
+    )
+    worker = start_worker("--concurrency", "2", "--batch-size", "5", "--poll-interval", "0.1")
+    wait_for(lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() >= 2, 60)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.output()
+    assert Job.objects.filter(status=JobStatus.RUNNING).count() == 0
+    assert Attempt.objects.filter(outcome=AttemptOutcome.RUNNING).count() == 0
+    counts = {s: Job.objects.filter(status=s).count() for s in (JobStatus.SUCCEEDED, JobStatus.READY)}
+    assert counts[JobStatus.SUCCEEDED] + counts[JobStatus.READY] == 30
+    assert counts[JobStatus.READY] > 0  # it stopped before draining everything
+    assert "worker.drain" in worker.output()
+    # Released jobs did not use an attempt.
+    assert set(Job.objects.filter(status=JobStatus.READY).values_list("attempts", flat=True)) == {0}
+
+
+def test_a_poison_job_that_kills_its_worker_every_time_ends_dead(start_worker):
+    poison = django_pgjobs.enqueue("demo.poison", {})  # max_attempts 3, lease 2 s
+    fine = django_pgjobs.enqueue("demo.noop", {"n": 1})
+    for _ in range(3):
+        worker = start_worker("--poll-interval", "0.1")
+        assert worker.wait(60) == -signal.SIGKILL
+    survivor = start_worker("--poll-interval", "0.1")
+    wait_for(lambda: Job.objects.get(pk=poison.pk).status == JobStatus.DEAD, 60)
+    wait_for(lambda: Job.objects.get(pk=fine.pk).status == JobStatus.SUCCEEDED, 60)
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait(30) == 0
+    stored = Job.objects.get(pk=poison.pk)
+    assert (stored.attempts, stored.terminal_reason) == (3, "attempts_exhausted")
+    assert list(Attempt.objects.filter(job_id=poison.pk).values_list("outcome", flat=True)) == [
+        AttemptOutcome.LEASE_EXPIRED] * 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "0"], "must be at least 1, got 0"),
+        (["--batch-size", "ten"], "'ten' is not a whole number"),
+        (["--poll-interval", "-1"], "must be more than 0"),
+        (["--max-jobs", "0"], "must be at least 1"),
+        (["--queue", ""], "a queue name has 1 to 64 characters"),
+        (["--database", "nope"], "unknown database alias 'nope'"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_flags_exit_non_zero_with_a_clear_message(args, message):
+    result = subprocess.run(
+        [sys.executable, str(MANAGE), "pgjobs_worker", *args], cwd=ROOT, env=worker_env(),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0
+    assert message in result.stderr
