@@ -1,0 +1,138 @@
+-- name: stats_queue_counts
+-- One branch per partial index, each repeating that index's predicate, so the planner reads only
+-- live rows and the recent end of the finished index; old history is never visited.
+SELECT queue, 'ready' AS status, count(*) FROM pgjobs_job
+WHERE status = 'ready'
+GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM pgjobs_job
+WHERE status = 'running'
+GROUP BY queue
+UNION ALL
+SELECT queue, status, count(*) FROM pgjobs_job
+WHERE status IN ('scheduled', 'retrying')
+GROUP BY queue, status
+UNION ALL
+SELECT queue, status, count(*) FROM pgjobs_job
+WHERE status IN ('dead', 'cancelled') AND finished_at >= now() - make_interval(secs => %s)
+GROUP BY queue, status
+
+-- name: stats_oldest_ready
+-- The oldest ready job of each queue, found without reading the backlog: a skip scan over the
+-- claim index (queue, priority DESC, run_at, id) visits the head of each (queue, priority)
+-- group, which is that group's oldest run_at; the oldest of the heads is the queue's oldest.
+-- The inner UNION ALL runs its second branch (the next queue) only when the first (the next
+-- priority of this queue) finds nothing.
+WITH RECURSIVE heads(queue, priority, run_at) AS (
+    (SELECT queue, priority, run_at FROM pgjobs_job
+     WHERE status = 'ready'
+     ORDER BY queue, priority DESC, run_at, id
+     LIMIT 1)
+    UNION ALL
+    SELECT nxt.queue, nxt.priority, nxt.run_at
+    FROM heads AS h
+    CROSS JOIN LATERAL (
+        (SELECT j.queue, j.priority, j.run_at FROM pgjobs_job AS j
+         WHERE j.status = 'ready' AND j.queue = h.queue AND j.priority < h.priority
+         ORDER BY j.queue, j.priority DESC, j.run_at, j.id
+         LIMIT 1)
+        UNION ALL
+        (SELECT j.queue, j.priority, j.run_at FROM pgjobs_job AS j
+         WHERE j.status = 'ready' AND j.queue > h.queue
+         ORDER BY j.queue, j.priority DESC, j.run_at, j.id
+         LIMIT 1)
+        LIMIT 1
+    ) AS nxt
+)
+SELECT queue, GREATEST(0, extract(epoch FROM now() - min(run_at)))::float8
+FROM heads
+GROUP BY queue
+
+-- name: stats_attempt_numbers
+-- The most recent claims in the window, newest first along the claimed_at index, capped so a
+-- busy hour costs the same as a quiet one.
+SELECT number, count(*)
+FROM (
+    SELECT number FROM pgjobs_attempt
+    WHERE claimed_at >= now() - make_interval(secs => %s)
+    ORDER BY claimed_at DESC
+    LIMIT %s
+) AS recent
+GROUP BY number
+ORDER BY number
+
+-- name: stats_handler_latency
+WITH recent AS (
+    SELECT job_id, duration_ms FROM pgjobs_attempt
+    WHERE claimed_at >= now() - make_interval(secs => %s) AND duration_ms IS NOT NULL
+    ORDER BY claimed_at DESC
+    LIMIT %s
+)
+SELECT j.task, count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY r.duration_ms),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY r.duration_ms),
+       max(r.duration_ms)
+FROM recent AS r
+JOIN pgjobs_job AS j ON j.id = r.job_id
+GROUP BY j.task
+ORDER BY j.task
+
+-- name: stats_pickup_latency
+-- From a job's first claim back to the time it became due. A retry or a snooze moves run_at,
+-- and an operator's retry resets it, so only jobs whose run_at is still the original count.
+WITH recent AS (
+    SELECT job_id, claimed_at FROM pgjobs_attempt
+    WHERE claimed_at >= now() - make_interval(secs => %s) AND number = 1
+    ORDER BY claimed_at DESC
+    LIMIT %s
+), waits AS (
+    SELECT j.queue, extract(epoch FROM r.claimed_at - j.run_at)::float8 AS seconds
+    FROM recent AS r
+    JOIN pgjobs_job AS j ON j.id = r.job_id
+    WHERE j.attempts <= 1 AND j.snoozes = 0 AND r.claimed_at >= j.run_at
+)
+SELECT queue, count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY seconds),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY seconds),
+       max(seconds)
+FROM waits
+GROUP BY queue
+ORDER BY queue
+
+-- name: stats_leases
+SELECT count(*) FILTER (WHERE lease_expires_at < now()),
+       count(*) FILTER (WHERE lease_expires_at >= now())
+FROM pgjobs_job
+WHERE status = 'running' AND lease_expires_at < now() + make_interval(secs => %s)
+
+-- name: stats_failures
+-- Failed attempts only, through the partial index on failed attempts: successes, the bulk of
+-- the window, are never read.
+SELECT a.failure_class, j.task, count(*)
+FROM pgjobs_attempt AS a
+JOIN pgjobs_job AS j ON j.id = a.job_id
+WHERE a.failure_class <> '' AND a.claimed_at >= now() - make_interval(secs => %s)
+GROUP BY a.failure_class, j.task
+ORDER BY count(*) DESC, a.failure_class, j.task
+
+-- name: stats_throughput
+-- Jobs finished per minute, counted from the finished index alone (status, finished_at).
+WITH minutes AS (
+    SELECT generate_series(
+        date_trunc('minute', now()) - make_interval(mins => %s - 1),
+        date_trunc('minute', now()),
+        interval '1 minute'
+    ) AS minute
+), finished AS (
+    SELECT date_trunc('minute', finished_at) AS minute, status
+    FROM pgjobs_job
+    WHERE status IN ('succeeded', 'dead')
+      AND finished_at >= date_trunc('minute', now()) - make_interval(mins => %s - 1)
+)
+SELECT m.minute,
+       count(f.status) FILTER (WHERE f.status = 'succeeded'),
+       count(f.status) FILTER (WHERE f.status = 'dead')
+FROM minutes AS m
+LEFT JOIN finished AS f ON f.minute = m.minute
+GROUP BY m.minute
+ORDER BY m.minute

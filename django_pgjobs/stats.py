@@ -1,0 +1,288 @@
+"""The numbers operators need, each one bounded query over an index.
+
+Every function reads with the database clock and touches live rows, the recent end of the
+finished index, or a capped sample of recent attempts: none of them scans history, so they stay
+cheap on a table with millions of finished jobs. ``snapshot`` gathers them all; the dashboard,
+``manage.py pgjobs_stats`` and the Prometheus collector read from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from . import sql
+from .conf import settings
+from .status import JobStatus
+
+RECENT_SECONDS = 24 * 3600  # dead and cancelled counts, failure classes
+LATENCY_WINDOW_SECONDS = 3600  # handler and pickup latency, attempt numbers
+SAMPLE_LIMIT = 10_000  # most recent attempts a latency figure is computed from
+LEASE_SOON_SECONDS = 10.0
+THROUGHPUT_MINUTES = 60
+
+LIVE_STATUSES = (JobStatus.READY, JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.RETRYING)
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue: live counts, recent terminal counts, and its backlog against the policy."""
+
+    queue: str
+    ready: int = 0
+    scheduled: int = 0
+    running: int = 0
+    retrying: int = 0
+    dead_recent: int = 0
+    cancelled_recent: int = 0
+    oldest_ready_age_seconds: float | None = None
+    # PGJOBS_BACKLOG_MAX_AGE_SECONDS for this queue (or its "*" entry); None: no policy.
+    backlog_max_age_seconds: float | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """False when the oldest ready job has waited longer than the backlog policy allows."""
+        if self.backlog_max_age_seconds is None or self.oldest_ready_age_seconds is None:
+            return True
+        return self.oldest_ready_age_seconds <= self.backlog_max_age_seconds
+
+    def count(self, status: str) -> int:
+        """The live count for ``status``, or the recent count for dead and cancelled."""
+        if status in (JobStatus.DEAD, JobStatus.CANCELLED):
+            return int(getattr(self, f"{status}_recent"))
+        return int(getattr(self, str(status)))
+
+
+@dataclass(frozen=True)
+class AttemptBucket:
+    """How many recent claims were a job's ``number``-th attempt."""
+
+    number: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Percentiles over a sample; ``key`` is a task name or a queue name."""
+
+    key: str
+    samples: int
+    p50: float
+    p95: float
+    max: float
+
+
+@dataclass(frozen=True)
+class LeaseHealth:
+    """Running jobs whose lease has expired (rescue pending) or expires within ``soon_seconds``."""
+
+    expired: int
+    expiring_soon: int
+    soon_seconds: float
+
+
+@dataclass(frozen=True)
+class FailureCount:
+    failure_class: str
+    task: str
+    count: int
+
+
+@dataclass(frozen=True)
+class ThroughputPoint:
+    """Jobs that finished in the minute starting at ``minute``."""
+
+    minute: datetime
+    succeeded: int
+    dead: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything at once, as the dashboard and ``pgjobs_stats`` show it."""
+
+    queues: list[QueueStats]
+    attempts: list[AttemptBucket]
+    handler_latency_ms: list[Latency]
+    pickup_latency_seconds: list[Latency]
+    leases: LeaseHealth
+    failures: list[FailureCount]
+    throughput: list[ThroughputPoint]
+    windows: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        return all(q.healthy for q in self.queues)
+
+    def failures_by_class(self) -> dict[str, int]:
+        """Failed attempts per failure class, summed over tasks."""
+        totals: dict[str, int] = {}
+        for failure in self.failures:
+            totals[failure.failure_class] = totals.get(failure.failure_class, 0) + failure.count
+        return totals
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (times as ISO 8601 strings)."""
+        data = asdict(self)
+        for queue, stats in zip(data["queues"], self.queues, strict=True):
+            queue["healthy"] = stats.healthy
+        for point in data["throughput"]:
+            point["minute"] = point["minute"].isoformat()
+        data["healthy"] = self.healthy
+        return data
+
+
+def queue_stats(
+    *, recent_seconds: float = RECENT_SECONDS, using: str = DEFAULT_DB_ALIAS
+) -> list[QueueStats]:
+    """Per queue: ready, scheduled, running, retrying, recent dead and cancelled, backlog age.
+
+    Queues with nothing to count still appear when PGJOBS_QUEUES declares them or the backlog
+    policy names them.
+    """
+    counts: dict[str, dict[str, Any]] = {}
+    rows = _fetch("stats_queue_counts", [recent_seconds], using)
+    for queue, status, n in rows:
+        key = f"{status}_recent" if status in (JobStatus.DEAD, JobStatus.CANCELLED) else status
+        counts.setdefault(queue, {})[key] = int(n)
+    for queue, age in _fetch("stats_oldest_ready", [], using):
+        counts.setdefault(queue, {})["oldest_ready_age_seconds"] = float(age)
+    policy = backlog_policy()
+    for queue in [*(settings.QUEUES or ()), *(q for q in policy if q != "*")]:
+        counts.setdefault(queue, {})
+    return [
+        QueueStats(queue=queue, backlog_max_age_seconds=backlog_max_age(queue, policy), **values)
+        for queue, values in sorted(counts.items())
+    ]
+
+
+def backlog_policy() -> dict[str, float]:
+    """PGJOBS_BACKLOG_MAX_AGE_SECONDS: queue name (or "*" for any other) to seconds."""
+    return {str(k): float(v) for k, v in dict(settings.BACKLOG_MAX_AGE_SECONDS).items()}
+
+
+def backlog_max_age(queue: str, policy: dict[str, float] | None = None) -> float | None:
+    """The longest a ready job of ``queue`` may wait, or None when no policy covers it."""
+    policy = backlog_policy() if policy is None else policy
+    return policy.get(queue, policy.get("*"))
+
+
+def attempt_distribution(
+    *,
+    window_seconds: float = LATENCY_WINDOW_SECONDS,
+    sample: int = SAMPLE_LIMIT,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[AttemptBucket]:
+    """Recent claims by attempt number: first tries against retries."""
+    rows = _fetch("stats_attempt_numbers", [window_seconds, sample], using)
+    return [AttemptBucket(int(number), int(n)) for number, n in rows]
+
+
+def handler_latency(
+    *,
+    window_seconds: float = LATENCY_WINDOW_SECONDS,
+    sample: int = SAMPLE_LIMIT,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[Latency]:
+    """Handler run time in milliseconds per task, p50/p95/max over recent finished attempts."""
+    rows = _fetch("stats_handler_latency", [window_seconds, sample], using)
+    return [_latency(row) for row in rows]
+
+
+def pickup_latency(
+    *,
+    window_seconds: float = LATENCY_WINDOW_SECONDS,
+    sample: int = SAMPLE_LIMIT,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[Latency]:
+    """Seconds from due to first claim per queue, p50/p95/max over recent first attempts.
+
+    Jobs that were retried or snoozed since are left out: their run_at no longer says when
+    they first became due.
+    """
+    rows = _fetch("stats_pickup_latency", [window_seconds, sample], using)
+    return [_latency(row) for row in rows]
+
+
+def lease_health(
+    *, soon_seconds: float = LEASE_SOON_SECONDS, using: str = DEFAULT_DB_ALIAS
+) -> LeaseHealth:
+    """Leases already expired (the rescue step will take them) and those expiring soon."""
+    expired, soon = _fetch("stats_leases", [soon_seconds], using)[0]
+    return LeaseHealth(int(expired), int(soon), float(soon_seconds))
+
+
+def failure_classes(
+    *, window_seconds: float = RECENT_SECONDS, using: str = DEFAULT_DB_ALIAS
+) -> list[FailureCount]:
+    """Failed attempts in the window by failure class and task, most frequent first."""
+    rows = _fetch("stats_failures", [window_seconds], using)
+    return [FailureCount(str(cls), str(task), int(n)) for cls, task, n in rows]
+
+
+def throughput(
+    *, minutes: int = THROUGHPUT_MINUTES, using: str = DEFAULT_DB_ALIAS
+) -> list[ThroughputPoint]:
+    """Jobs succeeded and dead per minute, oldest minute first, the current minute last.
+
+    Counts come from finished job rows, so a retention shorter than ``minutes`` undercounts.
+    """
+    if minutes < 1:
+        raise ValueError("minutes must be at least 1")
+    rows = _fetch("stats_throughput", [minutes, minutes], using)
+    return [ThroughputPoint(minute, int(ok), int(dead)) for minute, ok, dead in rows]
+
+
+def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
+    """Every figure above with its default window."""
+    return Snapshot(
+        queues=queue_stats(using=using),
+        attempts=attempt_distribution(using=using),
+        handler_latency_ms=handler_latency(using=using),
+        pickup_latency_seconds=pickup_latency(using=using),
+        leases=lease_health(using=using),
+        failures=failure_classes(using=using),
+        throughput=throughput(using=using),
+        windows={
+            "recent_seconds": RECENT_SECONDS,
+            "latency_window_seconds": LATENCY_WINDOW_SECONDS,
+            "sample_limit": SAMPLE_LIMIT,
+            "lease_soon_seconds": LEASE_SOON_SECONDS,
+            "throughput_minutes": THROUGHPUT_MINUTES,
+        },
+    )
+
+
+def _latency(row: tuple[Any, ...]) -> Latency:
+    key, samples, p50, p95, top = row
+    return Latency(str(key), int(samples), float(p50), float(p95), float(top))
+
+
+def _fetch(name: str, params: list[Any], using: str) -> list[tuple[Any, ...]]:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query(name), params)
+        return cursor.fetchall()
+
+
+__all__ = [
+    "AttemptBucket",
+    "FailureCount",
+    "Latency",
+    "LeaseHealth",
+    "QueueStats",
+    "Snapshot",
+    "ThroughputPoint",
+    "attempt_distribution",
+    "backlog_max_age",
+    "backlog_policy",
+    "failure_classes",
+    "handler_latency",
+    "lease_health",
+    "pickup_latency",
+    "queue_stats",
+    "snapshot",
+    "throughput",
+]
