@@ -26,7 +26,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(MANAGE) migrate --verbosity 0
-	$(MANAGE) pgjobs_demo
+	$(MANAGE) run_demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

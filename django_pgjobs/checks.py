@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import conf
 from .conf import settings
@@ -31,12 +32,9 @@ def check_database(databases: Sequence[str] | None = None, **kwargs: Any) -> lis
     messages: list[CheckMessage] = []
     for alias in databases or []:
         connection = connections[alias]
-        if connection.vendor != "postgresql":
-            messages.append(Error(
-                f"database {alias!r} uses {connection.vendor}; django-pgjobs needs PostgreSQL "
-                "(it relies on SKIP LOCKED, partial indexes and jsonb)",
-                id="pgjobs.E001",
-            ))
+        vendor_errors = vendor_messages(alias, connection)
+        if vendor_errors:
+            messages += vendor_errors
             continue
         version = connection.pg_version  # type: ignore[attr-defined]
         if version < MIN_POSTGRES_VERSION:
@@ -47,17 +45,22 @@ def check_database(databases: Sequence[str] | None = None, **kwargs: Any) -> lis
     return messages
 
 
+def vendor_messages(alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
+    """An error unless ``connection`` is PostgreSQL (no query is sent)."""
+    if connection.vendor == "postgresql":
+        return []
+    return [Error(
+        f"database {alias!r} uses {connection.vendor}; django-pgjobs needs PostgreSQL "
+        "(it relies on SKIP LOCKED, partial indexes and jsonb)",
+        hint="set its ENGINE to 'django.db.backends.postgresql'",
+        id="pgjobs.E001",
+    )]
+
+
 @register()
 def check_vendor(**kwargs: Any) -> list[CheckMessage]:
     """The default database must be PostgreSQL (checked without connecting)."""
-    if DEFAULT_DB_ALIAS in connections and connections[DEFAULT_DB_ALIAS].vendor != "postgresql":
-        return [Error(
-            f"the default database uses {connections[DEFAULT_DB_ALIAS].vendor}; django-pgjobs "
-            "needs PostgreSQL",
-            hint="set DATABASES['default']['ENGINE'] to 'django.db.backends.postgresql'",
-            id="pgjobs.E001",
-        )]
-    return []
+    return vendor_messages(DEFAULT_DB_ALIAS, connections[DEFAULT_DB_ALIAS])
 
 
 @register()

@@ -1,0 +1,155 @@
+"""manage.py run_demo: workers drain a real mixed workload while one of them is killed."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import connection, transaction
+from django.db.models import Count
+
+import django_pgjobs
+from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.models import Attempt, IdempotencyReceipt, Job
+from django_pgjobs.status import TERMINAL_STATUSES, AttemptOutcome, JobStatus
+from testproject.demo.models import LedgerEntry, Order
+
+MANAGE = Path(__file__).resolve().parents[3] / "manage.py"
+
+
+class Command(BaseCommand):
+    help = "Enqueue a mixed workload, drain it with worker processes, kill one, print a summary."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--jobs", type=int, default=3000)
+        parser.add_argument("--workers", type=int, default=3)
+        parser.add_argument("--concurrency", type=int, default=2)
+        parser.add_argument("--timeout", type=float, default=50.0)
+        parser.add_argument("--seed", type=int, default=7)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        random.seed(options["seed"])
+        self._reset()
+        started = time.monotonic()
+        enqueued = self._enqueue(options["jobs"])
+        self.stdout.write(f"enqueued {enqueued} jobs in {time.monotonic() - started:.2f}s")
+        drain_started = time.monotonic()
+        kills = self._drain(options["workers"], options["concurrency"], options["timeout"])
+        elapsed = time.monotonic() - drain_started
+        self._summary(enqueued, elapsed, kills)
+
+    def _reset(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "TRUNCATE pgjobs_attempt, pgjobs_job, pgjobs_receipt, demo_ledgerentry, "
+                "demo_order RESTART IDENTITY"
+            )
+
+    def _enqueue(self, total: int) -> int:
+        charges = max(1, total // 20)
+        # Orders and their charge jobs commit together: no order without its job, no job
+        # without its order, and no on_commit hook.
+        with transaction.atomic():
+            orders = Order.objects.bulk_create(
+                Order(reference=f"ORD-{i:05d}", amount_cents=random.randint(100, 99_999))
+                for i in range(charges)
+            )
+            specs = [JobSpec.of("demo.charge", {"order_id": o.pk, "sleep": 0.002},
+                                idempotency_key=f"charge:{o.reference}") for o in orders]
+            django_pgjobs.enqueue_many(specs)
+        # A client retrying its request replays the same enqueue: no second job.
+        replays = [JobSpec.of("demo.charge", {"order_id": o.pk},
+                              idempotency_key=f"charge:{o.reference}") for o in orders[:20]]
+        django_pgjobs.enqueue_many(replays)
+
+        mix: list[JobSpec] = []
+        rest = total - charges
+        for i in range(rest):
+            roll = random.random()
+            if roll < 0.55:
+                mix.append(JobSpec.of("demo.noop", {"n": i}, priority=random.choice([0, 0, 5])))
+            elif roll < 0.80:
+                mix.append(JobSpec.of("demo.work", {"n": i, "sleep": 0.004}))
+            elif roll < 0.92:
+                mix.append(JobSpec.of("demo.flaky", {"failures": random.choice([1, 2, 9])}))
+            elif roll < 0.97:
+                mix.append(JobSpec.of("demo.invalid", {"order": i}))
+            else:
+                mix.append(JobSpec.of("demo.noop", {"n": i}, queue="reports", priority=-10))
+        mix += [JobSpec.of("demo.long", {"seconds": 2.5}) for _ in range(4)]
+        django_pgjobs.enqueue_many(mix)
+        return Job.objects.count()
+
+    def _drain(self, workers: int, concurrency: int, timeout: float) -> int:
+        env = dict(os.environ, PGJOBS_LOG_LEVEL="ERROR")
+        deadline = time.monotonic() + timeout
+        kills = 0
+        round_ = 0
+        while time.monotonic() < deadline and self._unfinished():
+            procs = [self._start(f"demo-{round_}-{n}", concurrency, env) for n in range(workers)]
+            if round_ == 0:
+                # Kill one worker mid-run: its claimed jobs wait out their 3 s lease, then the
+                # rescue step hands them to the others.
+                while Job.objects.filter(status=JobStatus.SUCCEEDED).count() < 300:
+                    time.sleep(0.05)
+                victim = procs[0]
+                victim.send_signal(signal.SIGKILL)
+                kills += 1
+                running = Job.objects.filter(lease_owner="demo-0-0").count()
+                self.stdout.write(f"killed worker demo-0-0 (SIGKILL) holding {running} jobs")
+            for proc in procs:
+                proc.wait(max(1.0, deadline - time.monotonic()))
+            round_ += 1
+            if self._unfinished():
+                time.sleep(0.3)  # let backoffs and expired leases come due
+        return kills
+
+    def _start(self, worker_id: str, concurrency: int, env: dict[str, str]) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(MANAGE), "pgjobs_worker", "--burst", "--worker-id", worker_id,
+             "--concurrency", str(concurrency), "--batch-size", "10", "--poll-interval", "0.1",
+             "--log-level", "ERROR"],
+            env=env, stdout=subprocess.DEVNULL,
+        )
+
+    def _unfinished(self) -> int:
+        return Job.objects.exclude(status__in=TERMINAL_STATUSES).count()
+
+    def _summary(self, enqueued: int, elapsed: float, kills: int) -> None:
+        out = self.stdout.write
+        by_status = dict(Job.objects.values_list("status").annotate(n=Count("id")))
+        finished = sum(by_status.get(s, 0) for s in TERMINAL_STATUSES)
+        out("")
+        out(f"drained {finished}/{enqueued} jobs in {elapsed:.1f}s "
+            f"({finished / elapsed:.0f} jobs/s) with {kills} worker killed mid-run")
+        out("jobs by status:")
+        for status in JobStatus:
+            out(f"  {status.value:<10} {by_status.get(status.value, 0):>6}")
+        attempts = dict(Attempt.objects.values_list("outcome").annotate(n=Count("id")))
+        out("attempts by outcome:")
+        for outcome in AttemptOutcome:
+            if attempts.get(outcome.value):
+                out(f"  {outcome.value:<14} {attempts[outcome.value]:>6}")
+        retried = Job.objects.filter(attempts__gt=1).count()
+        out(f"jobs that needed more than one attempt: {retried}")
+        out("dead jobs by reason:")
+        for reason, n in (Job.objects.filter(status=JobStatus.DEAD)
+                          .values_list("terminal_reason").annotate(n=Count("id"))):
+            out(f"  {reason:<20} {n:>6}")
+        charges = LedgerEntry.objects.filter(kind="charge")
+        duplicate_charges = charges.count() - charges.values("key").distinct().count()
+        work = LedgerEntry.objects.filter(kind="work")
+        duplicate_work = work.count() - work.values("key").distinct().count()
+        out(f"charges: {Order.objects.filter(charged=True).count()} orders charged, "
+            f"{IdempotencyReceipt.objects.count()} receipts, {duplicate_charges} duplicate "
+            "charges (receipted)")
+        out(f"unreceipted side effects repeated by at-least-once delivery: {duplicate_work}")
+        if self._unfinished():
+            out(f"NOT FINISHED: {self._unfinished()} jobs still waiting")
