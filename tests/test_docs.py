@@ -1,0 +1,35 @@
+"""The docs describe the code: a state or a setting missing from them fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from django_pgjobs import conf
+from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def read(path: str) -> str:
+    return (ROOT / path).read_text(encoding="utf-8")
+
+
+def test_the_state_machine_doc_names_every_state_reason_and_outcome() -> None:
+    text = read("docs/state-machine.md")
+    table_states = re.findall(r"^\| `(\w+)` \|", text, re.MULTILINE)
+    assert table_states == list(JobStatus.values)
+    for value in [*TerminalReason.values, *AttemptOutcome.values]:
+        assert f"`{value}`" in text, value
+
+
+def test_the_readme_documents_every_setting() -> None:
+    readme = read("README.md")
+    settings = sorted(name[len("DEFAULT_"):] for name in vars(conf) if name.startswith("DEFAULT_"))
+    missing = [name for name in settings if f"PGJOBS_{name}" not in readme]
+    assert missing == []
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    assert "make test" in read("README.md")
+    assert "make test" in read(".ci/run")
