@@ -16,12 +16,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.db.models.functions import Now
 
 from . import sql
+from .conf import settings
 from .context import ClaimedJob
-from .models import Job
+from .models import Job, OperatorAction, OperatorActionKind
 from .retry import decide
 from .status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
 
@@ -212,72 +213,207 @@ def rescue_expired_leases(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> list[
 
 
 # --- operator transitions (the admin and management commands call these) --------------------
+# Each locks the selected rows in id order (so two operators cannot deadlock, and a claim, which
+# skips locked rows, cannot take one mid-action), applies one update guarded by status, and
+# writes its audit row in the same transaction: the audit says exactly what changed.
+
+_WAITING = (JobStatus.READY, JobStatus.SCHEDULED, JobStatus.RETRYING)
+_RETRYABLE = (JobStatus.DEAD, JobStatus.CANCELLED)
+_REPLAYABLE = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
 
 
-def retry_jobs(job_ids: Iterable[int], *, using: str = DEFAULT_DB_ALIAS) -> int:
+@dataclass(frozen=True)
+class Actor:
+    """Who asked for an operator transition, as the audit row records it."""
+
+    name: str
+    user_id: int | None = None
+
+    @classmethod
+    def of(cls, user: Any) -> Actor:
+        """The actor for a Django user."""
+        return cls(user.get_username(), user.pk)
+
+
+CODE = Actor("")  # an operator transition called from code, with no user behind it
+
+
+def retry_jobs(
+    job_ids: Iterable[int], *, actor: Actor = CODE, reason: str = "",
+    using: str = DEFAULT_DB_ALIAS,
+) -> int:
     """Dead or cancelled jobs back to ready with a fresh attempt budget; receipts are kept."""
-    return (
-        Job.objects.using(using)
-        .filter(pk__in=list(job_ids), status__in=[JobStatus.DEAD, JobStatus.CANCELLED])
-        .update(
-            status=JobStatus.READY, attempts=0, snoozes=0, run_at=Now(), finished_at=None,
-            terminal_reason="", priority=F("base_priority"), cancel_requested_at=None,
-            deadline=Now() + (F("deadline") - F("created_at")), updated_at=Now(),
-        )
-    )
-
-
-def cancel_jobs(job_ids: Iterable[int], *, using: str = DEFAULT_DB_ALIAS) -> tuple[int, int]:
-    """Cancel waiting jobs; ask running ones to stop. Return (cancelled, asked to stop)."""
-    ids = list(job_ids)
-    jobs = Job.objects.using(using).filter(pk__in=ids)
+    ids = _unique_ids(job_ids)
     with transaction.atomic(using=using):
-        cancelled = jobs.filter(
-            status__in=[JobStatus.READY, JobStatus.SCHEDULED, JobStatus.RETRYING]
-        ).update(
+        before = _lock(ids, using)
+        eligible = [i for i, status in before.items() if status in _RETRYABLE]
+        retried = (
+            Job.objects.using(using)
+            .filter(pk__in=eligible, status__in=_RETRYABLE)
+            .update(
+                status=JobStatus.READY, attempts=0, snoozes=0, run_at=Now(), finished_at=None,
+                terminal_reason="", priority=F("base_priority"), cancel_requested_at=None,
+                deadline=Now() + (F("deadline") - F("created_at")), updated_at=Now(),
+            )
+        )
+        _audit(OperatorActionKind.RETRY, actor, reason, ids, retried,
+               {"before": _counts(before), "retried": eligible}, using)
+        _notify(eligible, using)
+    return retried
+
+
+def cancel_jobs(
+    job_ids: Iterable[int], *, actor: Actor = CODE, reason: str = "",
+    using: str = DEFAULT_DB_ALIAS,
+) -> tuple[int, int]:
+    """Cancel waiting jobs; ask running ones to stop. Return (cancelled, asked to stop)."""
+    ids = _unique_ids(job_ids)
+    jobs = Job.objects.using(using)
+    with transaction.atomic(using=using):
+        before = _lock(ids, using)
+        waiting = [i for i, status in before.items() if status in _WAITING]
+        running = [i for i, status in before.items() if status == JobStatus.RUNNING]
+        cancelled = jobs.filter(pk__in=waiting, status__in=_WAITING).update(
             status=JobStatus.CANCELLED, terminal_reason=TerminalReason.OPERATOR,
             finished_at=Now(), updated_at=Now(),
         )
-        asked = jobs.filter(status=JobStatus.RUNNING, cancel_requested_at__isnull=True).update(
-            cancel_requested_at=Now(), updated_at=Now()
+        # The lease holder sees the request on its next heartbeat; it stays the only writer of
+        # the job's outcome, so a stop request never races its settlement.
+        asked_ids = list(
+            jobs.filter(pk__in=running, status=JobStatus.RUNNING, cancel_requested_at__isnull=True)
+            .values_list("id", flat=True)
         )
+        asked = jobs.filter(
+            pk__in=asked_ids, status=JobStatus.RUNNING, cancel_requested_at__isnull=True
+        ).update(cancel_requested_at=Now(), updated_at=Now())
+        _audit(OperatorActionKind.CANCEL, actor, reason, ids, cancelled + asked,
+               {"before": _counts(before), "cancelled": waiting, "asked_to_stop": asked_ids},
+               using)
     return cancelled, asked
 
 
 def dead_letter_jobs(
-    job_ids: Iterable[int], reason: str, *, using: str = DEFAULT_DB_ALIAS
+    job_ids: Iterable[int], reason: str, *, actor: Actor = CODE, using: str = DEFAULT_DB_ALIAS
 ) -> int:
     """Move waiting jobs to dead by hand. Running jobs are left to their lease holder."""
     if not reason.strip():
         raise ValueError("dead-lettering needs a reason")
-    return (
-        Job.objects.using(using)
-        .filter(pk__in=list(job_ids))
-        .filter(Q(status__in=[JobStatus.READY, JobStatus.SCHEDULED, JobStatus.RETRYING]))
-        .update(
-            status=JobStatus.DEAD, terminal_reason=TerminalReason.OPERATOR,
-            last_error=f"dead-lettered by operator: {reason}", finished_at=Now(), updated_at=Now(),
+    ids = _unique_ids(job_ids)
+    with transaction.atomic(using=using):
+        before = _lock(ids, using)
+        eligible = [i for i, status in before.items() if status in _WAITING]
+        dead = (
+            Job.objects.using(using)
+            .filter(pk__in=eligible, status__in=_WAITING)
+            .update(
+                status=JobStatus.DEAD, terminal_reason=TerminalReason.OPERATOR,
+                last_error=f"dead-lettered by operator: {reason}", finished_at=Now(),
+                updated_at=Now(),
+            )
         )
-    )
+        _audit(OperatorActionKind.DEAD_LETTER, actor, reason, ids, dead,
+               {"before": _counts(before), "dead_lettered": eligible}, using)
+    return dead
+
+
+KEEP_KEY = object()  # replay_job(idempotency_key=KEEP_KEY): the replay takes the original's key
 
 
 def replay_job(
-    job: Job, *, idempotency_key: str | None, using: str = DEFAULT_DB_ALIAS
+    job: Job, *, idempotency_key: str | object | None, actor: Actor = CODE, reason: str = "",
+    using: str = DEFAULT_DB_ALIAS,
 ) -> Job:
-    """Enqueue a new job from ``job``'s payload, under the given idempotency key (or none)."""
+    """Enqueue a new job from finished ``job``'s payload, under the given idempotency key.
+
+    ``KEEP_KEY`` moves the original's key to the replay (later enqueues with that key then
+    dedupe against the replay); a string gives the replay a new key; None gives it none.
+    Raises ``ValueError`` when the original is not finished or the key is taken.
+    """
     from .enqueuing import JobSpec, enqueue_many
 
-    max_age = (job.deadline - job.created_at) if job.deadline else None
-    spec = JobSpec.of(
-        job.task, job.payload, queue=job.queue, priority=job.base_priority,
-        max_attempts=job.max_attempts, lease=timedelta(seconds=job.lease_seconds),
-        idempotency_key=idempotency_key, trace_id=job.trace_id, fairness_key=job.fairness_key,
-        payload_version=job.payload_version, max_age=max_age,
+    with transaction.atomic(using=using):
+        jobs = Job.objects.using(using)
+        original = jobs.select_for_update().filter(pk=job.pk, status__in=_REPLAYABLE).first()
+        if original is None:
+            raise ValueError(f"job {job.pk} is not finished (succeeded, dead or cancelled)")
+        key: str | None
+        if idempotency_key is KEEP_KEY:
+            key = original.idempotency_key
+            if key is not None:
+                jobs.filter(
+                    pk=original.pk, idempotency_key=key, status__in=_REPLAYABLE
+                ).update(idempotency_key=None, updated_at=Now())
+        else:
+            assert idempotency_key is None or isinstance(idempotency_key, str)
+            key = idempotency_key
+        max_age = (original.deadline - original.created_at) if original.deadline else None
+        spec = JobSpec.of(
+            original.task, original.payload, queue=original.queue,
+            priority=original.base_priority, max_attempts=original.max_attempts,
+            lease=timedelta(seconds=original.lease_seconds), idempotency_key=key,
+            trace_id=original.trace_id, fairness_key=original.fairness_key,
+            payload_version=original.payload_version, max_age=max_age,
+        )
+        replay = enqueue_many([spec], using=using)[0]
+        if not getattr(replay, "created", True):
+            # Rolls back the key move too: nothing happened.
+            raise ValueError(
+                f"idempotency key {key!r} is already used by job {replay.pk} of {original.task}"
+            )
+        _audit(OperatorActionKind.REPLAY, actor, reason, [original.pk], 1,
+               {"replay_id": replay.pk, "original_key": original.idempotency_key,
+                "replay_key": key, "key_moved": idempotency_key is KEEP_KEY and key is not None},
+               using)
+    return replay
+
+
+def record_raw_payload_view(job_id: int, *, actor: Actor, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Audit that ``actor`` saw job ``job_id``'s unredacted payload."""
+    _audit(OperatorActionKind.VIEW_RAW_PAYLOAD, actor, "", [job_id], 0, {}, using)
+
+
+def _unique_ids(job_ids: Iterable[int]) -> list[int]:
+    return sorted({int(i) for i in job_ids})
+
+
+def _lock(ids: list[int], using: str) -> dict[int, str]:
+    """Lock the rows of ``ids`` in id order; return each one's status now."""
+    rows = (
+        Job.objects.using(using).select_for_update().filter(pk__in=ids).order_by("id")
+        .values_list("id", "status")
     )
-    return enqueue_many([spec], using=using)[0]
+    return dict(rows)
+
+
+def _counts(statuses: dict[int, str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def _audit(
+    action: str, actor: Actor, reason: str, ids: list[int], changed: int,
+    detail: dict[str, Any], using: str,
+) -> None:
+    OperatorAction.objects.using(using).create(
+        actor_id=actor.user_id, actor_name=actor.name, action=action, reason=reason,
+        job_ids=ids, selected=len(ids), changed=changed, detail=detail,
+    )
+
+
+def _notify(ids: list[int], using: str) -> None:
+    # Jobs made ready by hand wake idle workers like freshly enqueued ones; PostgreSQL delivers
+    # the notification only when the operator's transaction commits.
+    if ids and settings.NOTIFY:
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql.query("notify_ready_queues"), [ids])
 
 
 __all__ = [
+    "CODE",
+    "KEEP_KEY",
+    "Actor",
     "Outcome",
     "cancel_jobs",
     "claim_jobs",
@@ -285,6 +421,7 @@ __all__ = [
     "extend_leases",
     "promote_due_jobs",
     "ready_queues",
+    "record_raw_payload_view",
     "replay_job",
     "rescue_expired_leases",
     "retry_jobs",
