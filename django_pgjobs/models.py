@@ -160,7 +160,16 @@ class Attempt(models.Model):
 
     class Meta:
         db_table = "pgjobs_attempt"
-        indexes = [models.Index(fields=["claimed_at"], name="pgjobs_attempt_claimed_idx")]
+        indexes = [
+            models.Index(fields=["claimed_at"], name="pgjobs_attempt_claimed_idx"),
+            # Failure statistics read failed attempts only; successes, most of every window,
+            # stay out of this index (and a success's settle stays a HOT update).
+            models.Index(
+                fields=["claimed_at"],
+                name="pgjobs_attempt_failed_idx",
+                condition=~Q(failure_class=""),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"attempt {self.number} of job {self.job_id} ({self.outcome})"

@@ -1,0 +1,274 @@
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+from django_pgjobs import sql, stats
+from django_pgjobs.status import AttemptOutcome, JobStatus
+from django_pgjobs.transitions import database_now
+from tests.factories import AttemptFactory, JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def by_queue(rows: list[stats.QueueStats]) -> dict[str, stats.QueueStats]:
+    return {row.queue: row for row in rows}
+
+
+def test_queue_counts_cover_every_state_and_only_recent_terminal_jobs() -> None:
+    now = database_now()
+    JobFactory.create_batch(3, queue="mail")
+    JobFactory.create_batch(2, queue="mail", scheduled=True)
+    JobFactory(queue="mail", running=True)
+    JobFactory.create_batch(4, queue="mail", retrying=True)
+    JobFactory.create_batch(2, queue="mail", dead=True, finished_at=now - timedelta(hours=1))
+    JobFactory(queue="mail", dead=True, finished_at=now - timedelta(days=2))  # too old
+    JobFactory(queue="mail", cancelled=True, finished_at=now - timedelta(minutes=5))
+    JobFactory.create_batch(5, queue="mail", succeeded=True)  # never counted
+    JobFactory(queue="reports")
+
+    rows = by_queue(stats.queue_stats())
+
+    assert set(rows) == {"mail", "reports"}
+    mail = rows["mail"]
+    assert (mail.ready, mail.scheduled, mail.running, mail.retrying) == (3, 2, 1, 4)
+    assert (mail.dead_recent, mail.cancelled_recent) == (2, 1)
+    assert mail.count(JobStatus.DEAD) == 2 and mail.count(JobStatus.READY) == 3
+    reports = rows["reports"]
+    assert (reports.ready, reports.scheduled, reports.running, reports.dead_recent) == (1, 0, 0, 0)
+
+
+def test_oldest_ready_age_is_the_oldest_across_every_priority() -> None:
+    now = database_now()
+    # The oldest job sits behind higher-priority ones: the skip scan must still find it.
+    JobFactory(queue="q", priority=50, run_at=now - timedelta(seconds=10))
+    JobFactory(queue="q", priority=50, run_at=now - timedelta(seconds=20))
+    JobFactory(queue="q", priority=-5, run_at=now - timedelta(seconds=300))
+    JobFactory(queue="q", priority=0, run_at=now - timedelta(seconds=100))
+    JobFactory(queue="r", priority=0, run_at=now - timedelta(seconds=40))
+    JobFactory(queue="r", scheduled=True)  # not ready: no age
+
+    rows = by_queue(stats.queue_stats())
+
+    assert rows["q"].oldest_ready_age_seconds == pytest.approx(300, abs=5)
+    assert rows["r"].oldest_ready_age_seconds == pytest.approx(40, abs=5)
+
+
+def test_a_queue_with_nothing_ready_has_no_age_and_is_healthy() -> None:
+    JobFactory(queue="idle", retrying=True)
+    with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"idle": 1}):
+        idle = by_queue(stats.queue_stats())["idle"]
+    assert idle.oldest_ready_age_seconds is None
+    assert idle.healthy is True
+
+
+def test_backlog_policy_marks_queues_older_than_allowed_unhealthy() -> None:
+    now = database_now()
+    JobFactory(queue="fast", run_at=now - timedelta(seconds=120))
+    JobFactory(queue="slow", run_at=now - timedelta(seconds=120))
+    JobFactory(queue="other", run_at=now - timedelta(seconds=120))
+    policy = {"fast": 60, "slow": 3600, "*": 30}
+    with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS=policy):
+        rows = by_queue(stats.queue_stats())
+        snap = stats.snapshot()
+
+    assert rows["fast"].backlog_max_age_seconds == 60 and rows["fast"].healthy is False
+    assert rows["slow"].backlog_max_age_seconds == 3600 and rows["slow"].healthy is True
+    assert rows["other"].backlog_max_age_seconds == 30 and rows["other"].healthy is False
+    assert snap.healthy is False
+
+
+def test_declared_and_policy_queues_appear_with_zeros() -> None:
+    with override_settings(PGJOBS_QUEUES=["default", "mail"],
+                           PGJOBS_BACKLOG_MAX_AGE_SECONDS={"audit": 10}):
+        rows = by_queue(stats.queue_stats())
+    assert set(rows) == {"audit", "default", "mail"}
+    assert rows["audit"] == stats.QueueStats(queue="audit", backlog_max_age_seconds=10.0)
+    assert rows["mail"].ready == 0 and rows["mail"].backlog_max_age_seconds is None
+
+
+def test_attempt_distribution_counts_recent_claims_by_attempt_number() -> None:
+    now = database_now()
+    for number, n in ((1, 5), (2, 2), (3, 1)):
+        for _ in range(n):
+            AttemptFactory(number=number, claimed_at=now - timedelta(minutes=10 * number))
+    AttemptFactory(number=4, claimed_at=now - timedelta(hours=3))  # outside the hour
+
+    assert stats.attempt_distribution() == [
+        stats.AttemptBucket(1, 5), stats.AttemptBucket(2, 2), stats.AttemptBucket(3, 1),
+    ]
+    assert stats.attempt_distribution(sample=3) == [stats.AttemptBucket(1, 3)]
+
+
+def test_handler_latency_percentiles_per_task() -> None:
+    now = database_now()
+    for ms in range(1, 101):
+        job = JobFactory(task="tests.ok", succeeded=True)
+        AttemptFactory(job=job, claimed_at=now - timedelta(minutes=1), duration_ms=ms,
+                       outcome=AttemptOutcome.SUCCEEDED)
+    slow = JobFactory(task="tests.permanent", dead=True)
+    AttemptFactory(job=slow, claimed_at=now - timedelta(minutes=1), duration_ms=4000,
+                   outcome=AttemptOutcome.DEAD)
+    AttemptFactory(claimed_at=now - timedelta(minutes=1))  # still running: no duration
+    old = JobFactory(task="tests.ok", succeeded=True)
+    AttemptFactory(job=old, claimed_at=now - timedelta(hours=2), duration_ms=99999)
+
+    latency = {row.key: row for row in stats.handler_latency()}
+
+    assert set(latency) == {"tests.ok", "tests.permanent"}
+    ok = latency["tests.ok"]
+    assert (ok.samples, ok.p50, ok.p95, ok.max) == (100, 50.5, pytest.approx(95.05), 100)
+    assert latency["tests.permanent"] == stats.Latency("tests.permanent", 1, 4000, 4000, 4000)
+
+
+def test_pickup_latency_measures_due_to_first_claim_and_skips_moved_run_at() -> None:
+    now = database_now()
+    for wait in (1, 2, 3, 4, 100):
+        job = JobFactory(queue="mail", succeeded=True, run_at=now - timedelta(minutes=5))
+        AttemptFactory(job=job, number=1,
+                       claimed_at=now - timedelta(minutes=5) + timedelta(seconds=wait))
+    # A retried job's run_at is its retry time: its first claim says nothing about pickup.
+    retried = JobFactory(queue="mail", retrying=True, attempts=2, run_at=now)
+    AttemptFactory(job=retried, number=1, claimed_at=now - timedelta(minutes=30))
+
+    pickup = stats.pickup_latency()
+
+    assert len(pickup) == 1
+    mail = pickup[0]
+    assert (mail.key, mail.samples) == ("mail", 5)
+    assert mail.p50 == pytest.approx(3)
+    assert mail.max == pytest.approx(100)
+
+
+def test_lease_health_counts_expired_and_expiring_leases() -> None:
+    now = database_now()
+    JobFactory.create_batch(2, running=True, lease_expires_at=now - timedelta(seconds=60))
+    JobFactory(running=True, lease_expires_at=now + timedelta(seconds=5))
+    JobFactory(running=True, lease_expires_at=now + timedelta(seconds=600))
+
+    assert stats.lease_health() == stats.LeaseHealth(expired=2, expiring_soon=1, soon_seconds=10)
+    assert stats.lease_health(soon_seconds=3600).expiring_soon == 2
+
+
+def test_failure_classes_over_the_last_day_by_class_and_task() -> None:
+    now = database_now()
+    transient = JobFactory(task="tests.transient", retrying=True)
+    for _ in range(3):
+        AttemptFactory(job=transient, failure_class="transient", outcome=AttemptOutcome.FAILED,
+                       claimed_at=now - timedelta(hours=2))
+    poison = JobFactory(task="tests.permanent", dead=True)
+    AttemptFactory(job=poison, failure_class="permanent", outcome=AttemptOutcome.DEAD,
+                   claimed_at=now - timedelta(hours=1))
+    AttemptFactory(job=poison, failure_class="permanent", claimed_at=now - timedelta(days=2))
+    AttemptFactory(job=poison, outcome=AttemptOutcome.SUCCEEDED)  # not a failure
+
+    failures = stats.failure_classes()
+
+    assert failures == [
+        stats.FailureCount("transient", "tests.transient", 3),
+        stats.FailureCount("permanent", "tests.permanent", 1),
+    ]
+
+
+def test_throughput_is_one_point_per_minute_with_zeros() -> None:
+    now = database_now()
+    minute = now.replace(second=0, microsecond=0)
+    JobFactory.create_batch(3, succeeded=True, finished_at=minute + timedelta(seconds=1))
+    JobFactory(dead=True, finished_at=minute - timedelta(minutes=2) + timedelta(seconds=30))
+    JobFactory(succeeded=True, finished_at=minute - timedelta(hours=2))  # outside the hour
+    JobFactory(cancelled=True, finished_at=minute)  # not throughput
+
+    points = stats.throughput(minutes=5)
+
+    assert [p.minute for p in points] == [minute - timedelta(minutes=4 - i) for i in range(5)]
+    assert [(p.succeeded, p.dead) for p in points] == [(0, 0), (0, 0), (0, 1), (0, 0), (3, 0)]
+    assert len(stats.throughput()) == 60
+    with pytest.raises(ValueError, match="at least 1"):
+        stats.throughput(minutes=0)
+
+
+def test_snapshot_is_json_ready() -> None:
+    JobFactory(queue="mail")
+    AttemptFactory(failure_class="transient", duration_ms=12)
+    data = stats.snapshot().as_dict()
+    text = json.dumps(data)
+    assert json.loads(text)["queues"][0]["queue"] == "default"
+    assert [q["queue"] for q in data["queues"]] == ["default", "mail"]
+    assert data["queues"][1]["ready"] == 1 and data["queues"][1]["healthy"] is True
+    assert data["failures"] == [{"failure_class": "transient", "task": "demo.noop", "count": 1}]
+    assert data["healthy"] is True
+    assert len(data["throughput"]) == 60
+
+
+# --- plans on realistic history ------------------------------------------------------------
+
+HISTORY_SQL = """
+INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
+    run_at, attempts, max_attempts, snoozes, lease_seconds, trace_id, last_error, failure_class,
+    terminal_reason, created_at, started_at, finished_at)
+SELECT 'task' || (g %% 7), 1, (ARRAY['default', 'mail', 'reports'])[1 + g %% 3], '{}',
+    CASE WHEN g %% 50 = 0 THEN 'dead' ELSE 'succeeded' END, 0, 0, t, 1, 5, 0, 30, '', '',
+    CASE WHEN g %% 50 = 0 THEN 'permanent' ELSE '' END,
+    CASE WHEN g %% 50 = 0 THEN 'permanent_error' ELSE 'succeeded' END, t, t, t + interval '1 s'
+FROM (SELECT g, now() - g * interval '3 s' FROM generate_series(1, %s) AS g) AS s(g, t);
+INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
+    run_at, attempts, max_attempts, snoozes, lease_seconds, trace_id, last_error, failure_class,
+    terminal_reason)
+SELECT 'task1', 1, 'default', '{}', 'ready', g %% 3, 0, now(), 0, 5, 0, 30, '', '', '', ''
+FROM generate_series(1, 200) AS g;
+INSERT INTO pgjobs_attempt (job_id, number, worker_id, lease_token, claimed_at, finished_at,
+    outcome, reported_outcome, failure_class, error, traceback, duration_ms)
+SELECT id, 1, 'w', gen_random_uuid(), started_at, finished_at, status, '', failure_class, '', '',
+    5
+FROM pgjobs_job WHERE finished_at IS NOT NULL;
+ANALYZE pgjobs_job;
+ANALYZE pgjobs_attempt;
+"""
+
+STATS_QUERIES: dict[str, list[Any]] = {
+    "stats_queue_counts": [86400],
+    "stats_oldest_ready": [],
+    "stats_attempt_numbers": [3600, 10000],
+    "stats_handler_latency": [3600, 10000],
+    "stats_pickup_latency": [3600, 10000],
+    "stats_leases": [10.0],
+    "stats_failures": [86400],
+    "stats_throughput": [60, 60],
+}
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes += plan_nodes(child)
+    return nodes
+
+
+@pytest.mark.slow
+def test_every_stats_query_reads_indexes_not_history() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(HISTORY_SQL, [200_000])
+        plans = {}
+        for name, params in STATS_QUERIES.items():
+            cursor.execute("EXPLAIN (FORMAT JSON) " + sql.query(name), params)
+            raw = cursor.fetchone()[0]
+            plans[name] = plan_nodes((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"])
+
+    for name, nodes in plans.items():
+        scanned = [(n["Node Type"], n.get("Index Name")) for n in nodes
+                   if n.get("Relation Name") in ("pgjobs_job", "pgjobs_attempt")]
+        assert scanned, name
+        assert all(kind != "Seq Scan" for kind, _ in scanned), (name, scanned)
+    indexes = {name: {n.get("Index Name") for n in nodes} for name, nodes in plans.items()}
+    assert "pgjobs_job_claim_idx" in indexes["stats_oldest_ready"]
+    assert "pgjobs_job_finished_idx" in indexes["stats_throughput"]
+    assert "pgjobs_job_lease_idx" in indexes["stats_leases"]
+    assert "pgjobs_attempt_claimed_idx" in indexes["stats_handler_latency"]
+    assert "pgjobs_attempt_failed_idx" in indexes["stats_failures"]
+    assert {"pgjobs_job_claim_idx", "pgjobs_job_lease_idx", "pgjobs_job_due_idx",
+            "pgjobs_job_finished_idx"} <= indexes["stats_queue_counts"]
