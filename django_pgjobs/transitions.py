@@ -155,6 +155,44 @@ def promote_due_jobs(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
+@dataclass(frozen=True)
+class AgingBatch:
+    """What one aging batch did, and the (run_at, id) keyset position to continue after."""
+
+    raised: int
+    taken: int
+    last: tuple[datetime, int] | None
+
+
+def raise_waiting_priorities(
+    queue: str,
+    priority: int,
+    *,
+    after: tuple[datetime, int],
+    limit: int,
+    step: int,
+    interval_seconds: float,
+    cap: int,
+    using: str = DEFAULT_DB_ALIAS,
+) -> AgingBatch:
+    """Age up to ``limit`` ready jobs of one (queue, priority) that waited past an interval.
+
+    Each gains ``step`` per whole ``interval_seconds`` waited since its run_at, over its base
+    priority, up to ``cap``; only ready jobs change, and never downwards.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("raise_waiting_priorities"), {
+            "queue": queue, "priority": priority, "after_run_at": after[0],
+            "after_id": after[1], "limit": limit, "step": step,
+            "interval": float(interval_seconds), "cap": cap,
+        })
+        row = cursor.fetchone()
+    assert row is not None
+    raised, taken, last_run_at, last_id = row
+    last = (last_run_at, last_id) if last_id is not None else None
+    return AgingBatch(int(raised), int(taken), last)
+
+
 def ready_queues(*, using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """The queues that have ready jobs now."""
     with connections[using].cursor() as cursor:
@@ -414,12 +452,14 @@ __all__ = [
     "CODE",
     "KEEP_KEY",
     "Actor",
+    "AgingBatch",
     "Outcome",
     "cancel_jobs",
     "claim_jobs",
     "dead_letter_jobs",
     "extend_leases",
     "promote_due_jobs",
+    "raise_waiting_priorities",
     "ready_queues",
     "record_raw_payload_view",
     "replay_job",
