@@ -36,6 +36,7 @@ class ClaimedJob:
     priority: int
     created_at: datetime
     claimed_monotonic: float = field(default_factory=time.monotonic)
+    run_at: datetime | None = None  # when the job became due; pickup latency starts here
 
     def lease_left_seconds(self) -> float:
         """Lease time left by this process's monotonic clock (the database's may be ahead)."""

@@ -103,7 +103,7 @@ def _claimed(row: Sequence[Any]) -> ClaimedJob:
         payload=json.loads(payload) if isinstance(payload, str) else payload,
         attempt=row[4], max_attempts=row[5], snoozes=row[6], deadline=row[7],
         lease_seconds=row[8], lease_token=row[9], lease_expires_at=row[10], trace_id=row[11],
-        queue=row[12], priority=row[13], created_at=row[14],
+        queue=row[12], priority=row[13], created_at=row[14], run_at=row[15],
     )
 
 

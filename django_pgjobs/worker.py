@@ -281,6 +281,8 @@ class Worker:
         self._signals_seen = 0
         # Called with (outcome, won) after each settlement; metrics hook in here.
         self.settle_listeners: list[Callable[[Outcome, bool], None]] = []
+        # Called with each claimed batch before it runs; metrics hook in here too.
+        self.claim_listeners: list[Callable[[list[ClaimedJob]], None]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -418,6 +420,8 @@ class Worker:
                     self._idle(generation)
                     continue
                 self.counters.add_claimed(len(jobs))
+                for listener in self.claim_listeners:
+                    listener(jobs)
                 self._run_batch(slot, jobs)
         finally:
             connections.close_all()

@@ -36,6 +36,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, got {value}")
+    return value
+
+
 def _queue(text: str) -> str:
     if not text or len(text) > 64:
         raise argparse.ArgumentTypeError("a queue name has 1 to 64 characters")
@@ -66,6 +76,12 @@ class Command(BaseCommand):
         parser.add_argument("--database", default="default", help="database alias")
         parser.add_argument("--log-level", default="INFO",
                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+        parser.add_argument("--metrics-port", type=_port, default=None,
+                            help="serve this worker's Prometheus metrics on 127.0.0.1:PORT "
+                                 "(0 picks a free port, logged at start)")
+        parser.add_argument("--metrics-stats", action="store_true",
+                            help="also serve the queue gauges read from the database (give "
+                                 "it to one worker only, or sums across workers double count)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["database"] not in connections:
@@ -85,13 +101,31 @@ class Command(BaseCommand):
             shutdown_grace=options["shutdown_grace"],
             using=options["database"],
         )
-        worker.run()
+        metrics_server = self._serve_metrics(worker, options)
+        try:
+            worker.run()
+        finally:
+            if metrics_server is not None:
+                metrics_server.stop()
         counters = worker.counters
         self.stdout.write(
             f"worker {worker.worker_id} claimed {counters.claimed}, settled "
             f"{sum(counters.settled.values())} {dict(sorted(counters.settled.items()))}, "
             f"lost {counters.lost}"
         )
+
+    def _serve_metrics(self, worker: Worker, options: dict[str, Any]) -> Any:
+        if options["metrics_port"] is None:
+            if options["metrics_stats"]:
+                raise CommandError("--metrics-stats needs --metrics-port")
+            return None
+        from django_pgjobs.metrics import MetricsServer
+
+        try:
+            return MetricsServer(worker, options["metrics_port"],
+                                 with_stats=options["metrics_stats"])
+        except OSError as exc:
+            raise CommandError(f"--metrics-port {options['metrics_port']}: {exc}") from exc
 
     def _configure_logging(self, level: str) -> None:
         root = logging.getLogger("django_pgjobs")

@@ -1,0 +1,264 @@
+"""Prometheus exposition: queue gauges read from the database, worker counters and histograms.
+
+Two sources, served separately so that summing across scrape targets never double counts:
+
+- ``StatsCollector`` reads ``stats`` at scrape time (jobs by queue and status, oldest ready age
+  against the backlog policy, leases). Mount ``metrics_view`` in the project's urls to serve it.
+- ``WorkerMetrics`` counts what one worker process does (claims, completions, retries and dead
+  by failure class, lease expiries it rescued, lost settlements, handler duration, pickup
+  latency). ``pgjobs_worker --metrics-port`` serves it; ``--metrics-stats`` adds the gauges.
+
+Needs the ``metrics`` extra (``prometheus-client``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
+
+try:
+    from prometheus_client import (
+        CONTENT_TYPE_LATEST,
+        CollectorRegistry,
+        Counter,
+        Histogram,
+        generate_latest,
+        start_http_server,
+    )
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImproperlyConfigured(
+        "django_pgjobs.metrics needs prometheus-client: pip install 'django-pgjobs[metrics]'"
+    ) from exc
+
+from . import stats
+from .context import ClaimedJob
+from .status import JobStatus
+from .transitions import Outcome
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+logger = logging.getLogger("django_pgjobs.metrics")
+
+HANDLER_DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+)
+PICKUP_LATENCY_BUCKETS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+)
+
+
+class StatsCollector(Collector):
+    """Gauges computed from ``stats`` on every scrape (a handful of indexed queries)."""
+
+    def __init__(self, *, using: str = DEFAULT_DB_ALIAS, close_connection: bool = False) -> None:
+        self.using = using
+        # Scrapes served outside a request (the worker's HTTP server, a thread per scrape)
+        # must not leave a connection behind in a thread that is about to end.
+        self.close_connection = close_connection
+
+    def describe(self) -> Iterable[Metric]:
+        # Registering a collector calls describe(); returning nothing keeps that from querying.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            queues = stats.queue_stats(using=self.using)
+            leases = stats.lease_health(using=self.using)
+        finally:
+            if self.close_connection:
+                connections[self.using].close()
+        jobs = GaugeMetricFamily(
+            "pgjobs_jobs", "Jobs waiting or running, by queue and status.",
+            labels=["queue", "status"],
+        )
+        finished = GaugeMetricFamily(
+            "pgjobs_jobs_finished_recent",
+            f"Jobs that went dead or were cancelled in the last {stats.RECENT_SECONDS} seconds.",
+            labels=["queue", "status"],
+        )
+        age = GaugeMetricFamily(
+            "pgjobs_oldest_ready_age_seconds",
+            "How long the oldest ready job of the queue has waited since it became due "
+            "(0 when nothing is ready).",
+            labels=["queue"],
+        )
+        policy = GaugeMetricFamily(
+            "pgjobs_backlog_max_age_seconds",
+            "The backlog policy: the longest a ready job may wait "
+            "(PGJOBS_BACKLOG_MAX_AGE_SECONDS).",
+            labels=["queue"],
+        )
+        healthy = GaugeMetricFamily(
+            "pgjobs_backlog_healthy",
+            "1 while the oldest ready job is within the backlog policy, else 0.",
+            labels=["queue"],
+        )
+        for queue in queues:
+            for status in stats.LIVE_STATUSES:
+                jobs.add_metric([queue.queue, status.value], queue.count(status))
+            for status in (JobStatus.DEAD, JobStatus.CANCELLED):
+                finished.add_metric([queue.queue, status.value], queue.count(status))
+            age.add_metric([queue.queue], queue.oldest_ready_age_seconds or 0.0)
+            healthy.add_metric([queue.queue], 1.0 if queue.healthy else 0.0)
+            if queue.backlog_max_age_seconds is not None:
+                policy.add_metric([queue.queue], queue.backlog_max_age_seconds)
+        yield from (jobs, finished, age, policy, healthy)
+        yield GaugeMetricFamily(
+            "pgjobs_leases_expired",
+            "Running jobs whose lease has expired; the rescue step will take them back.",
+            value=leases.expired,
+        )
+        yield GaugeMetricFamily(
+            "pgjobs_leases_expiring_soon",
+            f"Running jobs whose lease expires within {leases.soon_seconds:g} seconds.",
+            value=leases.expiring_soon,
+        )
+
+
+class WorkerMetrics:
+    """Counters and histograms for one worker process, fed by the worker's listeners."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.claims = Counter("pgjobs_claims", "Jobs claimed.", ["queue"], registry=r)
+        self.completions = Counter(
+            "pgjobs_completions", "Jobs whose handler succeeded.", ["task"], registry=r
+        )
+        self.retries = Counter(
+            "pgjobs_retries", "Failed attempts that will be retried, by failure class.",
+            ["failure_class"], registry=r,
+        )
+        self.dead = Counter(
+            "pgjobs_dead", "Jobs that went dead, by failure class and terminal reason.",
+            ["failure_class", "reason"], registry=r,
+        )
+        self.lease_expiries = Counter(
+            "pgjobs_lease_expiries",
+            "Running jobs whose lease expired, taken back by this worker's rescue step.",
+            registry=r,
+        )
+        self.lost_settlements = Counter(
+            "pgjobs_lost_settlements",
+            "Outcomes reported after the lease was lost; nothing was applied.", ["task"],
+            registry=r,
+        )
+        self.handler_duration = Histogram(
+            "pgjobs_handler_duration_seconds", "Handler run time.", ["task"],
+            buckets=HANDLER_DURATION_BUCKETS, registry=r,
+        )
+        self.pickup_latency = Histogram(
+            "pgjobs_pickup_latency_seconds",
+            "From the time a job became due (run_at) to its claim.", ["queue"],
+            buckets=PICKUP_LATENCY_BUCKETS, registry=r,
+        )
+
+    def attach(self, worker: Worker) -> None:
+        """Hook into ``worker``: its claims, settlements and rescue step."""
+        worker.claim_listeners.append(self.on_claim)
+        worker.settle_listeners.append(self.on_settle)
+        for step in worker.steps:
+            if step.name == "rescue":
+                step.run = self._counting_rescues(step.run)
+
+    def on_claim(self, jobs: list[ClaimedJob]) -> None:
+        for job in jobs:
+            self.claims.labels(job.queue).inc()
+            if job.run_at is not None:
+                # The claim's own database time: its lease runs lease_seconds from then.
+                claimed_at = job.lease_expires_at - timedelta(seconds=job.lease_seconds)
+                waited = (claimed_at - job.run_at).total_seconds()
+                self.pickup_latency.labels(job.queue).observe(max(0.0, waited))
+
+    def on_settle(self, outcome: Outcome, won: bool) -> None:
+        if outcome.duration_ms is not None:
+            self.handler_duration.labels(outcome.task).observe(outcome.duration_ms / 1000)
+        if not won:
+            self.lost_settlements.labels(outcome.task).inc()
+        elif outcome.status == JobStatus.SUCCEEDED:
+            self.completions.labels(outcome.task).inc()
+        elif outcome.status == JobStatus.RETRYING:
+            self.retries.labels(outcome.failure_class or "unknown").inc()
+        elif outcome.status == JobStatus.DEAD:
+            self.dead.labels(outcome.failure_class or "none", outcome.terminal_reason).inc()
+
+    def _counting_rescues(self, run: Callable[[str], int]) -> Callable[[str], int]:
+        def counted(using: str) -> int:
+            rescued = run(using)
+            if rescued:
+                self.lease_expiries.inc(rescued)
+            return rescued
+
+        return counted
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The registry in Prometheus text format."""
+    return generate_latest(registry)
+
+
+_view_registry: CollectorRegistry | None = None
+_view_lock = threading.Lock()
+
+
+def view_registry() -> CollectorRegistry:
+    """The registry ``metrics_view`` serves: the database gauges."""
+    global _view_registry
+    with _view_lock:
+        if _view_registry is None:
+            registry = CollectorRegistry(auto_describe=True)
+            registry.register(StatsCollector())
+            _view_registry = registry
+        return _view_registry
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Serve the queue gauges in Prometheus text format; mount it where only scrapers reach."""
+    return HttpResponse(exposition(view_registry()), content_type=CONTENT_TYPE_LATEST)
+
+
+class MetricsServer:
+    """A worker's metrics endpoint on 127.0.0.1, running in a daemon thread."""
+
+    def __init__(
+        self, worker: Worker, port: int, *, with_stats: bool = False, addr: str = "127.0.0.1"
+    ) -> None:
+        self.metrics = WorkerMetrics()
+        self.metrics.attach(worker)
+        if with_stats:
+            self.metrics.registry.register(
+                StatsCollector(using=worker.using, close_connection=True)
+            )
+        self._server, self._thread = start_http_server(
+            port, addr=addr, registry=self.metrics.registry
+        )
+        self.port = int(self._server.server_port)
+        logger.info("metrics.serving worker=%s addr=%s port=%d", worker.worker_id, addr,
+                    self.port)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+__all__ = [
+    "MetricsServer",
+    "StatsCollector",
+    "WorkerMetrics",
+    "exposition",
+    "metrics_view",
+    "view_registry",
+]
