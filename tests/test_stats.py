@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
 
@@ -272,3 +274,53 @@ def test_every_stats_query_reads_indexes_not_history() -> None:
     assert "pgjobs_attempt_failed_idx" in indexes["stats_failures"]
     assert {"pgjobs_job_claim_idx", "pgjobs_job_lease_idx", "pgjobs_job_due_idx",
             "pgjobs_job_finished_idx"} <= indexes["stats_queue_counts"]
+
+
+# --- manage.py pgjobs_stats ----------------------------------------------------------------
+
+
+def run_stats(*args: str) -> str:
+    out = StringIO()
+    call_command("pgjobs_stats", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_stats_command_prints_the_tables() -> None:
+    now = database_now()
+    JobFactory.create_batch(2, queue="mail", run_at=now - timedelta(seconds=120))
+    JobFactory(queue="mail", retrying=True)
+    failed = JobFactory(task="tests.transient", queue="mail", retrying=True)
+    AttemptFactory(job=failed, failure_class="transient", duration_ms=40)
+    with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"mail": 60}):
+        text = run_stats()
+
+    row = next(line for line in text.splitlines() if line.startswith("mail "))
+    assert row.split()[:7] == ["mail", "2", "0", "0", "2", "0", "0"]
+    assert row.split()[-2:] == ["60.0", "UNHEALTHY"]
+    failure = next(line for line in text.splitlines() if line.startswith("transient "))
+    assert failure.split() == ["transient", "tests.transient", "1"]
+    assert "Leases: 0 expired (rescue pending), 0 expiring within 10s" in text
+    assert "#1: 1" in text
+
+
+def test_stats_command_json_matches_the_snapshot() -> None:
+    JobFactory.create_batch(3, queue="mail")
+    data = json.loads(run_stats("--json"))
+    assert data["queues"] == [{
+        "queue": "mail", "ready": 3, "scheduled": 0, "running": 0, "retrying": 0,
+        "dead_recent": 0, "cancelled_recent": 0,
+        "oldest_ready_age_seconds": data["queues"][0]["oldest_ready_age_seconds"],
+        "backlog_max_age_seconds": None, "healthy": True,
+    }]
+    assert data["leases"] == {"expired": 0, "expiring_soon": 0, "soon_seconds": 10.0}
+    assert len(data["throughput"]) == 60
+
+
+def test_stats_command_fails_when_a_backlog_is_unhealthy() -> None:
+    JobFactory(queue="mail", run_at=database_now() - timedelta(seconds=300))
+    with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"mail": 60}):
+        with pytest.raises(CommandError, match="backlog older than its policy in: mail"):
+            run_stats("--fail-unhealthy")
+        run_stats()  # without the flag it only reports
+    with pytest.raises(CommandError, match="unknown database alias"):
+        run_stats("--database", "nope")
