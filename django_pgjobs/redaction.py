@@ -36,6 +36,7 @@ MIN_SCRUB_CHARS = 3
 _SEGMENT = re.compile(r"^(?P<key>[^.\[\]]*)(?P<indexes>(?:\[(?:\*|\d+)\])*)$")
 _INDEX = re.compile(r"\[(\*|\d+)\]")
 _ANY = object()
+_CAMEL_CASE = re.compile(r"[a-z][A-Z]")
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,7 @@ class Redactor:
         if secrets:
             text = _secret_values_pattern(secrets).sub(REDACTED, text)
         pattern = _key_value_pattern(tuple(self.keys))
-        if pattern is not None:
-            text = pattern.sub(lambda m: m.group("head") + REDACTED, text)
-        return text
+        return _scrub_pairs(pattern, text) if pattern is not None else text
 
 
 def redactor_for(task: str | None = None) -> Redactor:
@@ -241,11 +240,25 @@ def _key_value_pattern(keys: tuple[str, ...]) -> re.Pattern[str] | None:
     if not words:
         return None
     return re.compile(
-        r"(?P<head>[\w.-]*(?:" + "|".join(words) + r")[\w.-]*['\"]?\s*[:=]\s*"
-        r"(?:(?:bearer|basic|token)\s+)?)"
+        r"(?P<head>(?P<key>[\w.-]*(?:" + "|".join(words) + r")[\w.-]*)(?P<quote>['\"]?)"
+        r"\s*(?P<sep>[:=])\s*(?:(?:bearer|basic|token)\s+)?)"
         r"(?:\"[^\"]*\"|'[^']*'|[^\s,;&'\")\]}]+)",
         re.IGNORECASE,
     )
+
+
+def _scrub_pairs(pattern: re.Pattern[str], text: str) -> str:
+    out, pos = [], 0
+    while (match := pattern.search(text, pos)) is not None:
+        if match["sep"] == ":" and not match["quote"] and _CAMEL_CASE.search(match["key"]):
+            # "CardError: ..." names an exception class, not a secret; look again after it.
+            out.append(text[pos:match.end("sep")])
+            pos = match.end("sep")
+            continue
+        out.append(text[pos:match.start()] + match["head"] + REDACTED)
+        pos = match.end()
+    out.append(text[pos:])
+    return "".join(out)
 
 
 __all__ = [

@@ -199,3 +199,12 @@ def test_the_logging_filter_scrubs_messages_and_tracebacks() -> None:
     assert f"WARNING calling upstream with token={REDACTED} user=ada" in out
     assert f"ConnectionError: refused: password={REDACTED}" in out
     assert "abc123" not in out and "hunter22" not in out
+
+
+def test_an_exception_class_name_is_not_taken_for_a_secret_key() -> None:
+    redactor = Redactor(KEYS)
+    assert redactor.text("CardError: card expired") == "CardError: card expired"
+    assert redactor.text("TokenExpired: password=hunter22") == (
+        f"TokenExpired: password={REDACTED}"
+    )
+    assert redactor.text("Authorization: Basic dXNlcg==") == f"Authorization: Basic {REDACTED}"

@@ -1,0 +1,544 @@
+"""The admin: read-only views, redaction, permissioned and audited actions, the dashboard."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from django_pgjobs import job
+from django_pgjobs.admin import (
+    EstimatedCountPaginator,
+    duration_text,
+    planner_rows,
+)
+from django_pgjobs.models import Job, OperatorAction
+from django_pgjobs.redaction import REDACTED
+from django_pgjobs.status import JobStatus, TerminalReason
+from tests.factories import AttemptFactory, JobFactory, ReceiptFactory
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "/admin/pgjobs/job/"
+SECRET_CARD = "4111111111111111"
+SECRET_EMAIL = "ada@example.com"
+
+
+@job("tests.admin.charge", redact=("customer.email",))
+def charge(ctx: Any, payload: Any) -> None:
+    """A handler whose payload carries secrets."""
+
+
+def secret_payload() -> dict[str, Any]:
+    return {"order": 7, "card_number": SECRET_CARD, "customer": {"email": SECRET_EMAIL}}
+
+
+def make_user(username: str, *codenames: str, superuser: bool = False) -> User:
+    user = User.objects.create_user(username, password="pw", is_staff=True,
+                                    is_superuser=superuser)
+    if codenames:
+        user.user_permissions.set(
+            Permission.objects.filter(content_type__app_label="pgjobs", codename__in=codenames)
+        )
+    return user
+
+
+@pytest.fixture
+def login(client: Client) -> Callable[..., Client]:
+    def log_in(*codenames: str, superuser: bool = False, username: str = "op") -> Client:
+        client.force_login(make_user(username, *codenames, superuser=superuser))
+        return client
+
+    return log_in
+
+
+def action_choices(client: Client) -> set[str]:
+    response = client.get(CHANGELIST)
+    assert response.status_code == 200
+    form = response.context["action_form"]
+    return {name for name, _ in form.fields["action"].choices if name}
+
+
+def start_action(client: Client, action: str, jobs: list[Job]) -> Any:
+    return client.post(CHANGELIST, {
+        "action": action, "index": 0, "_selected_action": [j.pk for j in jobs],
+    })
+
+
+def confirm_action(client: Client, action: str, jobs: list[Job], **fields: Any) -> Any:
+    return client.post(CHANGELIST, {
+        "action": action, "_selected_action": jobs[0].pk, "pgjobs_confirm": "yes",
+        "pgjobs_ids": ",".join(str(j.pk) for j in jobs), **fields,
+    })
+
+
+def status(j: Job) -> str:
+    return Job.objects.get(pk=j.pk).status
+
+
+# --- read-only ----------------------------------------------------------------------------------
+
+
+def test_jobs_cannot_be_added_changed_or_deleted_even_by_a_superuser(login: Any) -> None:
+    client = login(superuser=True)
+    j = JobFactory()
+    assert client.get(f"{CHANGELIST}add/").status_code == 403
+    assert client.post(f"{CHANGELIST}{j.pk}/change/", {"status": "dead"}).status_code == 403
+    assert client.post(f"{CHANGELIST}{j.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert "delete_selected" not in action_choices(client)
+    assert status(j) == JobStatus.READY
+    for model in ("attempt", "idempotencyreceipt", "operatoraction"):
+        assert client.get(f"/admin/pgjobs/{model}/add/").status_code == 403
+
+
+def test_a_superuser_sees_every_action(login: Any) -> None:
+    assert action_choices(login(superuser=True)) == {
+        "retry_selected", "replay_selected", "cancel_selected", "dead_letter_selected",
+        "export_selected",
+    }
+
+
+def test_a_staff_user_with_only_view_permission_sees_no_operator_action(login: Any) -> None:
+    assert action_choices(login("view_job")) == {"export_selected"}
+
+
+def test_each_action_needs_its_own_permission(login: Any) -> None:
+    assert action_choices(login("view_job", "cancel_job")) == {"cancel_selected",
+                                                               "export_selected"}
+
+
+@pytest.mark.parametrize("action", ["retry_selected", "replay_selected", "cancel_selected",
+                                    "dead_letter_selected"])
+def test_a_forged_action_post_is_refused_and_changes_nothing(login: Any, action: str) -> None:
+    client = login("view_job")
+    dead, ready = JobFactory(dead=True), JobFactory()
+    assert start_action(client, action, [dead, ready]).status_code == 403
+    forged = confirm_action(client, action, [dead, ready], reason="x", key_choice="none")
+    assert forged.status_code == 403
+    assert (status(dead), status(ready)) == (JobStatus.DEAD, JobStatus.READY)
+    assert Job.objects.count() == 2
+    assert OperatorAction.objects.count() == 0
+
+
+def test_a_permission_for_one_action_does_not_open_another(login: Any) -> None:
+    client = login("view_job", "retry_job")
+    ready = JobFactory()
+    assert confirm_action(client, "cancel_selected", [ready]).status_code == 403
+    assert status(ready) == JobStatus.READY
+
+
+def test_a_user_without_view_permission_cannot_see_jobs(login: Any) -> None:
+    client = login()
+    assert client.get(CHANGELIST).status_code == 403
+    assert client.get(f"{CHANGELIST}dashboard/").status_code == 403
+
+
+# --- retry --------------------------------------------------------------------------------------
+
+
+def test_retry_confirmation_says_what_happens_to_how_many_jobs_in_which_states(
+    login: Any,
+) -> None:
+    client = login("view_job", "retry_job")
+    jobs = [JobFactory(dead=True), JobFactory(dead=True), JobFactory(cancelled=True),
+            JobFactory(running=True), JobFactory(succeeded=True)]
+    page = start_action(client, "retry_selected", jobs)
+    assert page.status_code == 200
+    plan = page.context["plan"]
+    assert plan.changes == [
+        "3 jobs (2 dead, 1 cancelled) will go back to ready now, with attempts reset to 0 and "
+        "a fresh max age."
+    ]
+    assert plan.unchanged == [
+        "2 jobs (1 running, 1 succeeded) are not dead or cancelled and will not change."
+    ]
+    assert "receipts are kept" in plan.notes[0]
+    assert "You selected 5 jobs." in page.content.decode()
+    # Showing the page changed nothing.
+    assert [status(j) for j in jobs[:3]] == [JobStatus.DEAD, JobStatus.DEAD, JobStatus.CANCELLED]
+    assert OperatorAction.objects.count() == 0
+
+
+def test_retry_puts_dead_and_cancelled_jobs_back_to_ready_and_audits_it(login: Any) -> None:
+    client = login("view_job", "retry_job", username="alice")
+    dead, cancelled, running = JobFactory(dead=True), JobFactory(cancelled=True), JobFactory(
+        running=True
+    )
+    response = confirm_action(client, "retry_selected", [dead, cancelled, running],
+                              reason="bug fixed in 1.4.2")
+    assert response.status_code == 302
+    for j in (dead, cancelled):
+        j.refresh_from_db()
+        assert (j.status, j.attempts, j.finished_at, j.terminal_reason) == (
+            JobStatus.READY, 0, None, "")
+    assert status(running) == JobStatus.RUNNING
+    audit = OperatorAction.objects.get()
+    assert (audit.actor_name, audit.actor.username, audit.action, audit.reason) == (
+        "alice", "alice", "retry", "bug fixed in 1.4.2")
+    assert audit.job_ids == sorted([dead.pk, cancelled.pk, running.pk])
+    assert (audit.selected, audit.changed) == (3, 2)
+    assert audit.detail == {
+        "before": {"dead": 1, "cancelled": 1, "running": 1},
+        "retried": sorted([dead.pk, cancelled.pk]),
+    }
+    messages = [str(m) for m in client.get(CHANGELIST).context["messages"]]
+    assert messages == ["Retried 2 jobs: ready now with a fresh attempt budget."]
+
+
+# --- cancel -------------------------------------------------------------------------------------
+
+
+def test_cancel_confirmation_separates_waiting_running_and_finished_jobs(login: Any) -> None:
+    client = login("view_job", "cancel_job")
+    jobs = [JobFactory(), JobFactory(scheduled=True), JobFactory(retrying=True),
+            JobFactory(running=True), JobFactory(running=True, cancel_requested_at=timezone.now()),
+            JobFactory(succeeded=True)]
+    plan = start_action(client, "cancel_selected", jobs).context["plan"]
+    assert plan.changes[0] == (
+        "3 jobs (1 scheduled, 1 ready, 1 retrying) will be cancelled now and will not run."
+    )
+    assert plan.changes[1].startswith("1 job (running) will be asked to stop.")
+    assert plan.unchanged == [
+        "1 job (running) was already asked to stop.",
+        "1 job (1 succeeded) is finished and will not change.",
+    ]
+
+
+def test_cancel_cancels_waiting_jobs_and_asks_running_ones_to_stop(login: Any) -> None:
+    client = login("view_job", "cancel_job")
+    ready, scheduled, running, done = (JobFactory(), JobFactory(scheduled=True),
+                                       JobFactory(running=True), JobFactory(succeeded=True))
+    assert confirm_action(client, "cancel_selected", [ready, scheduled, running, done],
+                          reason="customer withdrew").status_code == 302
+    assert (status(ready), status(scheduled), status(done)) == (
+        JobStatus.CANCELLED, JobStatus.CANCELLED, JobStatus.SUCCEEDED)
+    running.refresh_from_db()
+    assert running.status == JobStatus.RUNNING and running.cancel_requested_at is not None
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.changed, audit.reason) == ("cancel", 3, "customer withdrew")
+    assert audit.detail == {
+        "before": {"ready": 1, "scheduled": 1, "running": 1, "succeeded": 1},
+        "cancelled": sorted([ready.pk, scheduled.pk]), "asked_to_stop": [running.pk],
+    }
+
+
+# --- dead-letter --------------------------------------------------------------------------------
+
+
+def test_dead_letter_needs_a_reason_and_changes_nothing_without_one(login: Any) -> None:
+    client = login("view_job", "deadletter_job")
+    ready = JobFactory()
+    page = confirm_action(client, "dead_letter_selected", [ready], reason="  ")
+    assert page.status_code == 200  # the page again, with the error
+    assert page.context["form"].errors == {"reason": ["This field is required."]}
+    assert status(ready) == JobStatus.READY
+    assert OperatorAction.objects.count() == 0
+
+
+def test_dead_letter_moves_waiting_jobs_to_dead_with_the_reason(login: Any) -> None:
+    client = login("view_job", "deadletter_job")
+    ready, retrying, running = JobFactory(), JobFactory(retrying=True), JobFactory(running=True)
+    plan = start_action(client, "dead_letter_selected", [ready, retrying, running]).context["plan"]
+    assert plan.changes == [
+        "2 jobs (1 ready, 1 retrying) will move to dead now with the reason below; an operator "
+        "can retry them later."
+    ]
+    assert plan.unchanged[0].startswith("1 job (1 running) will not change")
+    confirm_action(client, "dead_letter_selected", [ready, retrying, running],
+                   reason="poison payload")
+    for j in (ready, retrying):
+        j.refresh_from_db()
+        assert (j.status, j.terminal_reason, j.last_error) == (
+            JobStatus.DEAD, TerminalReason.OPERATOR, "dead-lettered by operator: poison payload")
+    assert status(running) == JobStatus.RUNNING
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.changed, audit.detail["dead_lettered"]) == (
+        "dead_letter", 2, sorted([ready.pk, retrying.pk]))
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+
+def test_replay_confirmation_lists_the_receipts_that_will_and_will_not_protect_it(
+    login: Any,
+) -> None:
+    client = login("view_job", "replay_job")
+    done, ready = JobFactory(succeeded=True), JobFactory()
+    ReceiptFactory(job=done, scope="charge", key="order:7")
+    ReceiptFactory(job=done, scope="email", key="welcome:7",
+                   expires_at=timezone.now() - timedelta(hours=1))
+    plan = start_action(client, "replay_selected", [done, ready]).context["plan"]
+    assert plan.changes[0].startswith(
+        "1 job (1 succeeded) will be enqueued again as a new job with the same payload")
+    assert plan.unchanged == [
+        "1 job (1 ready) is not finished and will not be replayed: retry or cancel instead."
+    ]
+    verdicts = dict(plan.receipts)
+    assert verdicts[f"charge:order:7 (job {done.pk})"].startswith("protects it until ")
+    assert verdicts[f"email:welcome:7 (job {done.pk})"].startswith(
+        "will not protect it: expired at ")
+    assert "does not choose them" in plan.notes[0]
+
+
+def test_replay_keeping_the_key_moves_it_to_the_new_job(login: Any) -> None:
+    client = login("view_job", "replay_job", username="bob")
+    original = JobFactory(dead=True, task="demo.noop", idempotency_key="order-7",
+                          payload={"n": 7}, trace_id="t-7")
+    response = confirm_action(client, "replay_selected", [original], key_choice="keep",
+                              reason="provider fixed")
+    assert response.status_code == 302
+    replay = Job.objects.exclude(pk=original.pk).get()
+    original.refresh_from_db()
+    assert (replay.status, replay.payload, replay.idempotency_key, replay.trace_id) == (
+        JobStatus.READY, {"n": 7}, "order-7", "t-7")
+    assert (original.status, original.idempotency_key) == (JobStatus.DEAD, None)
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.actor_name, audit.job_ids, audit.changed) == (
+        "replay", "bob", [original.pk], 1)
+    assert audit.detail == {"replay_id": replay.pk, "original_key": "order-7",
+                            "replay_key": "order-7", "key_moved": True}
+
+
+def test_replay_with_a_new_key_or_none_leaves_the_original_its_key(login: Any) -> None:
+    client = login("view_job", "replay_job")
+    first = JobFactory(succeeded=True, idempotency_key="k-1")
+    second = JobFactory(cancelled=True, idempotency_key="k-2")
+    confirm_action(client, "replay_selected", [first], key_choice="new", new_key="k-1-again")
+    confirm_action(client, "replay_selected", [second], key_choice="none")
+    keys = dict(Job.objects.exclude(pk__in=[first.pk, second.pk])
+                .values_list("payload__n", "idempotency_key"))
+    assert keys == {first.payload["n"]: "k-1-again", second.payload["n"]: None}
+    assert Job.objects.get(pk=first.pk).idempotency_key == "k-1"
+    assert Job.objects.get(pk=second.pk).idempotency_key == "k-2"
+
+
+def test_a_new_key_is_for_one_replay_at_a_time(login: Any) -> None:
+    client = login("view_job", "replay_job")
+    jobs = [JobFactory(dead=True), JobFactory(dead=True)]
+    page = confirm_action(client, "replay_selected", jobs, key_choice="new", new_key="k")
+    assert page.context["form"].non_field_errors() == [
+        "A new key can be given to one replay at a time."]
+    assert Job.objects.count() == 2
+
+
+def test_a_replay_whose_key_is_taken_creates_nothing(login: Any) -> None:
+    client = login("view_job", "replay_job")
+    original = JobFactory(dead=True, idempotency_key="k-1")
+    JobFactory(idempotency_key="taken")
+    confirm_action(client, "replay_selected", [original], key_choice="new", new_key="taken")
+    assert Job.objects.count() == 2
+    assert OperatorAction.objects.count() == 0
+    messages = [str(m) for m in client.get(CHANGELIST).context["messages"]]
+    assert len(messages) == 1 and "already used by job" in messages[0]
+
+
+# --- redaction ----------------------------------------------------------------------------------
+
+
+def test_the_list_shows_payloads_redacted(login: Any) -> None:
+    client = login("view_job")
+    JobFactory(task="tests.admin.charge", payload=secret_payload())
+    html = client.get(CHANGELIST).content.decode()
+    assert SECRET_CARD not in html and SECRET_EMAIL not in html
+    assert f"&quot;card_number&quot;: &quot;{REDACTED}&quot;" in html
+
+
+def test_the_detail_redacts_payload_result_error_and_each_attempt(login: Any) -> None:
+    client = login("view_job")
+    j = JobFactory(task="tests.admin.charge", payload=secret_payload(), dead=True,
+                   result={"token": "tok_live_1"},
+                   last_error=f"CardError: card {SECRET_CARD} declined for {SECRET_EMAIL}")
+    AttemptFactory(job=j, number=1, outcome="failed", failure_class="transient",
+                   error=f"Timeout talking to bank for {SECRET_CARD}",
+                   traceback=f'File "bank.py", line 3\nTimeout: authorization=Bearer abc123 '
+                             f"card {SECRET_CARD}", duration_ms=1234, worker_id="w-1")
+    html = client.get(f"{CHANGELIST}{j.pk}/change/").content.decode()
+    for secret in (SECRET_CARD, SECRET_EMAIL, "tok_live_1", "abc123"):
+        assert secret not in html
+    assert f"CardError: card {REDACTED} declined for {REDACTED}" in html
+    assert f"Timeout talking to bank for {REDACTED}" in html
+    assert "1234 ms" in html and "w-1" in html
+    assert "Show raw payload" not in html
+
+
+def test_the_raw_payload_needs_its_permission_and_each_look_is_audited(login: Any) -> None:
+    j = JobFactory(task="tests.admin.charge", payload=secret_payload())
+    raw_url = f"{CHANGELIST}{j.pk}/raw-payload/"
+    viewer = login("view_job", username="viewer")
+    assert viewer.get(raw_url).status_code == 403
+    assert OperatorAction.objects.count() == 0
+
+    auditor = login("view_job", "view_raw_payload", username="auditor")
+    assert "Show raw payload" in auditor.get(f"{CHANGELIST}{j.pk}/change/").content.decode()
+    page = auditor.get(raw_url)
+    assert page.status_code == 200 and SECRET_CARD in page.content.decode()
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.actor_name, audit.job_ids, audit.changed) == (
+        "view_raw_payload", "auditor", [j.pk], 0)
+
+
+def test_export_is_redacted_like_the_list(login: Any) -> None:
+    client = login("view_job")
+    j = JobFactory(task="tests.admin.charge", payload=secret_payload(),
+                   last_error=f"declined {SECRET_CARD}")
+    response = start_action(client, "export_selected", [j])
+    assert response["Content-Disposition"] == 'attachment; filename="pgjobs-jobs.json"'
+    exported = json.loads(response.content)["jobs"]
+    assert [(e["id"], e["payload"], e["last_error"]) for e in exported] == [
+        (j.pk, {"order": 7, "card_number": REDACTED, "customer": {"email": REDACTED}},
+         f"declined {REDACTED}")
+    ]
+
+
+# --- list: columns, search, filters, queries ----------------------------------------------------
+
+
+def test_search_finds_exact_ids_idempotency_keys_and_trace_ids(login: Any) -> None:
+    client = login("view_job")
+    by_id, by_key, by_trace = (JobFactory(), JobFactory(task="tests.ok", idempotency_key="ik-1"),
+                               JobFactory(trace_id="trace-abc"))
+    JobFactory(idempotency_key="ik-10", trace_id="trace-abcd")
+
+    def found(term: str) -> set[int]:
+        return {j.pk for j in client.get(CHANGELIST, {"q": term}).context["cl"].result_list}
+
+    assert found(str(by_id.pk)) == {by_id.pk}
+    assert found("ik-1") == {by_key.pk}
+    assert found("trace-abc") == {by_trace.pk}
+    assert found("nothing-like-it") == set()
+
+
+def test_filters_offer_known_queues_and_tasks_without_reading_the_table(login: Any) -> None:
+    client = login("view_job")
+    JobFactory(queue="mail")
+    JobFactory(queue="mail", task="tests.ok")
+    JobFactory(queue="reports", succeeded=True)
+    with override_settings(PGJOBS_QUEUES=["default", "mail", "reports"]):
+        response = client.get(CHANGELIST, {"queue": "mail", "task": "tests.ok"})
+    cl = response.context["cl"]
+    assert [j.task for j in cl.result_list] == ["tests.ok"]
+    specs = {spec.title: spec for spec in cl.filter_specs}
+    queue_choices = [c["display"] for c in specs["queue"].choices(cl)]
+    assert queue_choices == ["All", "default", "mail", "reports"]
+    task_choices = [c["display"] for c in specs["task"].choices(cl)]
+    assert "tests.admin.charge" in task_choices and "demo.noop" in task_choices
+
+
+def test_list_columns_show_attempts_age_and_lease_expiry(login: Any) -> None:
+    client = login("view_job")
+    JobFactory(running=True, attempts=2, max_attempts=5,
+               created_at=timezone.now() - timedelta(minutes=3, seconds=5),
+               lease_expires_at=timezone.now() + timedelta(seconds=20, milliseconds=500))
+    JobFactory(running=True, lease_expires_at=timezone.now() - timedelta(seconds=90))
+    html = client.get(CHANGELIST).content.decode()
+    assert '<td class="field-attempts_used">2/5</td>' in html
+    assert '<td class="field-age">3m 5s</td>' in html or '<td class="field-age">3m 6s</td>' in html
+    assert '<td class="field-lease">in 20s</td>' in html
+    assert '<td class="field-lease">expired 1m 30s ago</td>' in html
+
+
+def test_duration_text() -> None:
+    assert [duration_text(s) for s in (0, 59, 61, 3600, 3 * 86400 + 7200, -5)] == [
+        "0s", "59s", "1m 1s", "1h 0m", "3d 2h", "0s"]
+
+
+def test_the_list_and_detail_do_not_query_per_row(login: Any) -> None:
+    client = login("view_job", "view_attempt")
+
+    def queries(url: str) -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            assert client.get(url).status_code == 200
+        return len(ctx.captured_queries)
+
+    JobFactory.create_batch(3, task="tests.admin.charge", payload=secret_payload())
+    few = queries(CHANGELIST)
+    JobFactory.create_batch(30, task="tests.admin.charge", payload=secret_payload())
+    assert queries(CHANGELIST) == few
+
+    j = JobFactory(dead=True)
+    AttemptFactory(job=j, number=1)
+    one = queries(f"{CHANGELIST}{j.pk}/change/")
+    for n in range(2, 12):
+        AttemptFactory(job=j, number=n)
+    assert queries(f"{CHANGELIST}{j.pk}/change/") == one
+    attempts = queries("/admin/pgjobs/attempt/")
+    AttemptFactory.create_batch(10)
+    assert queries("/admin/pgjobs/attempt/") == attempts
+
+
+def test_counts_above_the_limit_come_from_the_planner(monkeypatch: Any) -> None:
+    JobFactory.create_batch(3)
+    queryset = Job.objects.filter(status=JobStatus.READY).order_by("id")
+    assert EstimatedCountPaginator(queryset, 10).count == 3
+    monkeypatch.setattr("django_pgjobs.admin.EXACT_COUNT_MAX_ROWS", -1)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgjobs_job")
+    assert EstimatedCountPaginator(queryset, 10).count == planner_rows(queryset)
+
+
+def test_searches_use_indexes_on_a_large_history() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority,
+                base_priority, run_at, attempts, max_attempts, snoozes, lease_seconds,
+                idempotency_key, trace_id, failure_class, terminal_reason, last_error,
+                created_at, finished_at, updated_at)
+            SELECT 'task.' || (g % 12), 1, 'default', '{}'::jsonb, 'succeeded', 0, 0, now(),
+                   1, 5, 0, 30, CASE WHEN g % 2 = 0 THEN 'key-' || g END, md5(g::text), '',
+                   'succeeded', '', now(), now(), now()
+            FROM generate_series(1, 60000) AS g
+            """
+        )
+        cursor.execute("ANALYZE pgjobs_job")
+        client = Client()
+        client.force_login(make_user("root", superuser=True))
+        with CaptureQueriesContext(connection) as ctx:
+            response = client.get(CHANGELIST, {"q": "key-300"})
+        assert len(response.context["cl"].result_list) == 1
+        search_sql = [q["sql"] for q in ctx.captured_queries if "pgjobs_job" in q["sql"]]
+        plans = []
+        for text in search_sql:
+            if text.lstrip().startswith(("SELECT", "WITH", "--")) and "EXPLAIN" not in text:
+                cursor.execute("EXPLAIN " + text)
+                plans.append("\n".join(row[0] for row in cursor.fetchall()))
+    joined = "\n".join(plans)
+    assert "Seq Scan on pgjobs_job" not in joined
+    assert "pgjobs_job_idempotency_key" in joined and "pgjobs_job_trace_idx" in joined
+
+
+# --- dashboard ----------------------------------------------------------------------------------
+
+
+@override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"mail": 60})
+def test_the_dashboard_renders_the_queues_against_their_backlog_policy(login: Any) -> None:
+    client = login("view_job")
+    JobFactory.create_batch(2, queue="mail", run_at=timezone.now() - timedelta(minutes=5))
+    JobFactory(queue="mail", scheduled=True)
+    JobFactory(queue="mail", running=True, lease_expires_at=timezone.now() - timedelta(seconds=5))
+    JobFactory(queue="mail", dead=True)
+    JobFactory(queue="reports", retrying=True)
+    changelist = client.get(CHANGELIST).content.decode()
+    assert 'href="/admin/pgjobs/job/dashboard/"' in changelist
+
+    response = client.get(reverse("admin:pgjobs_job_dashboard"))
+    assert response.status_code == 200
+    rows = {r.queue: r for r in response.context["queue_rows"]}
+    assert [c.count for c in rows["mail"].cells] == [2, 1, 1, 0, 1]
+    assert [c.count for c in rows["reports"].cells] == [0, 0, 0, 1, 0]
+    assert (rows["mail"].policy, rows["mail"].healthy) == ("1m 0s", False)
+    assert rows["reports"].policy == "none" and rows["reports"].healthy
+    assert rows["mail"].cells[0].url == f"{CHANGELIST}?queue=mail&status__exact=ready"
+    html = response.content.decode()
+    assert '<svg xmlns="http://www.w3.org/2000/svg" id="pgjobs-throughput"' in html
+    assert "too old" in html
+    assert response.context["snapshot"].leases.expired == 1
