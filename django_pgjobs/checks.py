@@ -12,6 +12,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import conf
 from .conf import settings
+from .models import PRIORITY_MAX, PRIORITY_MIN
 from .registry import registry
 
 MIN_POSTGRES_VERSION = 130000
@@ -79,6 +80,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     messages += _queues()
     messages += _retention()
     messages += _redact_keys()
+    messages += _scheduling()
     if not messages and settings.RETRY_BASE_SECONDS > settings.RETRY_MAX_SECONDS:
         messages.append(_error("RETRY_BASE_SECONDS", "must not exceed PGJOBS_RETRY_MAX_SECONDS"))
     return messages
@@ -144,3 +146,39 @@ def _redact_keys() -> list[CheckMessage]:
     if isinstance(keys, str) or not all(isinstance(k, str) and k for k in keys):
         return [_error("REDACT_KEYS", "must be a list of non-empty key names")]
     return []
+
+
+def _scheduling() -> list[CheckMessage]:
+    """Aging, backlog policy, retention values and wake-ups (validated as the steps need them)."""
+    messages: list[CheckMessage] = []
+    for name, low, high in (("AGING_STEP", 0, PRIORITY_MAX - PRIORITY_MIN),
+                            ("AGING_CAP", PRIORITY_MIN, PRIORITY_MAX),
+                            ("AGING_BATCH", 1, 100_000)):
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            messages.append(_error(name, f"must be a whole number from {low} to {high}"))
+    messages += _number("BACKLOG_CHECK_INTERVAL_SECONDS", strictly_positive=True)
+    policy = settings.BACKLOG_MAX_AGE_SECONDS
+    if not isinstance(policy, dict) or not all(
+        isinstance(queue, str) and queue and _is_positive(seconds)
+        for queue, seconds in policy.items()
+    ):
+        messages.append(_error(
+            "BACKLOG_MAX_AGE_SECONDS",
+            'must be a dict of queue name (or "*" for any other queue) to seconds > 0',
+        ))
+    retention = settings.RETENTION_SECONDS
+    if isinstance(retention, dict) and not all(
+        seconds is None or _is_positive(seconds) for seconds in retention.values()
+    ):
+        messages.append(_error(
+            "RETENTION_SECONDS", "values must be seconds > 0, or None to keep forever"
+        ))
+    for name in ("LISTEN", "NOTIFY"):
+        if not isinstance(getattr(settings, name), bool):
+            messages.append(_error(name, "must be True or False"))
+    return messages
+
+
+def _is_positive(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0

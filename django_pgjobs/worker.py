@@ -2,10 +2,12 @@
 
 Threads, each with its own database connection:
 
-- N executors: claim a batch from the next queue in turn, run each job, hand the outcome over;
+- N executors: claim a batch from the next queue in turn (weighted), run each job, hand the
+  outcome over;
 - one settler: applies outcomes in batched fenced statements and sends heartbeats;
-- the main thread: maintenance (promote due jobs, rescue expired leases), the watchdog for
-  handlers that hang past their lease, and signals.
+- one listener (unless poll-only): LISTENs for enqueue notifications and wakes idle executors;
+- the main thread: maintenance (promote due jobs, rescue expired leases, age priorities, prune,
+  watch backlog age), the watchdog for handlers that hang past their lease, and signals.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -29,6 +31,7 @@ from .conf import settings
 from .context import ClaimedJob, JobContext
 from .executor import execute
 from .maintenance import Periodic, default_steps
+from .notify import Listener
 from .registry import registry
 from .status import AttemptOutcome
 from .transitions import Outcome, claim_jobs, promote_due_jobs, ready_queues, settle
@@ -37,6 +40,24 @@ logger = logging.getLogger("django_pgjobs.worker")
 
 _QUEUE_REFRESH_SECONDS = 1.0
 _RECONNECT_MAX_SECONDS = 5.0
+
+
+def weighted_rotation(weights: Mapping[str, int]) -> list[str]:
+    """One cycle of queue turns in which each queue appears ``weight`` times, spread evenly.
+
+    Smooth weighted round-robin: {"billing": 3, "default": 1} gives billing, billing, default,
+    billing, so no queue waits longer than its share between turns.
+    """
+    total = sum(weights.values())
+    current = dict.fromkeys(weights, 0)
+    cycle = []
+    for _ in range(total):
+        for queue, weight in weights.items():
+            current[queue] += weight
+        chosen = max(current, key=lambda q: current[q])
+        current[chosen] -= total
+        cycle.append(chosen)
+    return cycle
 
 
 def default_worker_id() -> str:
@@ -239,6 +260,8 @@ class Worker:
         using: str = DEFAULT_DB_ALIAS,
         install_signals: bool = True,
         maintenance: Sequence[Periodic] | None = None,
+        queue_weights: Mapping[str, int] | None = None,
+        listen: bool | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -246,7 +269,14 @@ class Worker:
             raise ValueError("batch_size must be at least 1")
         if max_jobs is not None and max_jobs < 1:
             raise ValueError("max_jobs must be at least 1")
+        if queue_weights and not queues:
+            queues = list(queue_weights)
         self.queues = list(dict.fromkeys(queues)) if queues else None
+        self.queue_weights = _check_weights(queue_weights or {}, self.queues)
+        # The turns an explicit queue list takes; a queue without a weight has weight 1.
+        self._schedule = weighted_rotation(
+            {q: self.queue_weights.get(q, 1) for q in self.queues}
+        ) if self.queues else []
         self.concurrency = concurrency
         self.batch_size = batch_size
         self.settle_batch = batch_size * concurrency
@@ -263,8 +293,10 @@ class Worker:
         )
         self.using = using
         self.install_signals = install_signals
+        # Poll-only (listen False) keeps no session state, for PgBouncer's transaction pooling.
+        self.listen = bool(settings.LISTEN if listen is None else listen)
         self.steps = list(maintenance) if maintenance is not None else default_steps(
-            self.poll_interval
+            self.poll_interval, queues=self.queues
         )
         self.counters = Counters()
         self.hard_deadline = float("inf")
@@ -278,6 +310,7 @@ class Worker:
         self._queues_read_at = 0.0
         self._slots: list[Slot] = []
         self._settler = Settler(self)
+        self._listener: Listener | None = None
         self._signals_seen = 0
         # Called with (outcome, won) after each settlement; metrics hook in here.
         self.settle_listeners: list[Callable[[Outcome, bool], None]] = []
@@ -289,10 +322,16 @@ class Worker:
     def run(self) -> int:
         """Run until stopped (signal, ``stop()``, burst finished or max jobs); return 0."""
         previous = self._install_signal_handlers()
-        logger.info("worker.start worker=%s queues=%s concurrency=%d batch=%d burst=%s",
-                    self.worker_id, ",".join(self.queues or ["*"]), self.concurrency,
-                    self.batch_size, self.burst)
+        logger.info("worker.start worker=%s queues=%s concurrency=%d batch=%d burst=%s "
+                    "listen=%s", self.worker_id, ",".join(self._queue_labels()),
+                    self.concurrency, self.batch_size, self.burst, self.listen)
         self._settler.start()
+        if self.listen:
+            self._listener = Listener(
+                self.wake, queues=self.queues, using=self.using,
+                application_name=f"pgjobs-listener {self.worker_id}",
+            )
+            self._listener.start()
         for index in range(self.concurrency):
             self._start_slot(Slot(index))
         try:
@@ -326,26 +365,29 @@ class Worker:
             now = time.monotonic()
             for step in self.steps:
                 if step.due(now):
-                    self._run_step(step)
-                    step.schedule_next(time.monotonic())
+                    changed = self._run_step(step)
+                    step.schedule_next(time.monotonic(), changed)
             self._watchdog()
             next_due = min((s.next_due for s in self.steps), default=now + 1.0)
             self._stop.wait(max(0.01, min(next_due - time.monotonic(), 0.25)))
 
-    def _run_step(self, step: Periodic) -> None:
+    def _run_step(self, step: Periodic) -> int:
         try:
             changed = step.run(self.using)
         except DatabaseError as exc:
             self.counters.add_database_error()
             logger.warning("maintenance %s: database error: %s", step.name, exc)
             reset_connection(self.using)
-            return
+            return 0
         if changed and step.name == "promote":
             self.wake()
+        return changed
 
     def _shutdown(self) -> None:
         self._stop.set()
         self.wake()
+        if self._listener is not None:
+            self._listener.stop()
         self.hard_deadline = time.monotonic() + self.shutdown_grace
         for slot in self._slots:
             if slot.thread is not None and not slot.abandoned:
@@ -462,19 +504,27 @@ class Worker:
 
     def _queue_order(self) -> list[str]:
         if self.queues is not None:
-            queues = self.queues
+            queues, schedule = self.queues, self._schedule
         else:
             now = time.monotonic()
             if now - self._queues_read_at > _QUEUE_REFRESH_SECONDS:
                 self._known_queues = ready_queues(using=self.using)
                 self._queues_read_at = now
-            queues = self._known_queues
+            queues = schedule = self._known_queues
         if not queues:
             return []
-        # Round-robin: each claim starts at the next queue, so one flooded queue gets at most
-        # its share of claims while other queues have ready work.
-        self._rotation = (self._rotation + 1) % len(queues)
-        return queues[self._rotation:] + queues[: self._rotation]
+        # Weighted round-robin: each claim starts at the next turn of the cycle and falls back
+        # to the other queues in order, so a flooded queue gets at most its share of claims
+        # while other queues have ready work, and all of them when they have none.
+        rotation = self._rotation = (self._rotation + 1) % len(schedule)
+        start = queues.index(schedule[rotation])
+        return queues[start:] + queues[:start]
+
+    def _queue_labels(self) -> list[str]:
+        if self.queues is None:
+            return ["*"]
+        return [f"{q}:{self.queue_weights[q]}" if q in self.queue_weights else q
+                for q in self.queues]
 
     def _anything_eligible(self) -> bool:
         if promote_due_jobs(settings.PROMOTE_BATCH, using=self.using):
@@ -540,3 +590,13 @@ class Worker:
         )
         for listener in self.settle_listeners:
             listener(outcome, won)
+
+
+def _check_weights(weights: Mapping[str, int], queues: Sequence[str] | None) -> dict[str, int]:
+    for queue, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise ValueError(f"queue weight for {queue!r} must be a whole number from 1 to 100, "
+                             f"got {weight!r}")
+        if queues is None or queue not in queues:
+            raise ValueError(f"queue weight given for {queue!r}, which the worker does not serve")
+    return dict(weights)

@@ -46,10 +46,25 @@ def _port(text: str) -> int:
     return value
 
 
-def _queue(text: str) -> str:
-    if not text or len(text) > 64:
+def _queue(text: str) -> tuple[str, int | None]:
+    """Parse ``name`` or ``name:weight``."""
+    name, colon, weight = text.rpartition(":")
+    if not colon:
+        name, weight_value = text, None
+    else:
+        try:
+            weight_value = int(weight)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: the weight after ':' must be a whole number"
+            ) from None
+        if not 1 <= weight_value <= 100:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: the weight must be from 1 to 100, got {weight_value}"
+            )
+    if not name or len(name) > 64:
         raise argparse.ArgumentTypeError("a queue name has 1 to 64 characters")
-    return text
+    return name, weight_value
 
 
 class Command(BaseCommand):
@@ -57,7 +72,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queue", "-q", action="append", type=_queue, dest="queues",
-                            help="queue to serve (repeatable); default: every queue")
+                            help="queue to serve, as NAME or NAME:WEIGHT (repeatable; a queue "
+                                 "of weight 3 gets 3 claim turns to another's 1 while both "
+                                 "have work); default: every queue")
         parser.add_argument("--concurrency", "-c", type=_whole(1), default=1,
                             help="executor threads, one database connection each (default 1)")
         parser.add_argument("--batch-size", type=_whole(1), default=10,
@@ -73,6 +90,10 @@ class Command(BaseCommand):
                             help="name in leases and attempts (default host:pid:random)")
         parser.add_argument("--shutdown-grace", type=_seconds, default=None,
                             help="seconds running handlers get to finish after SIGTERM")
+        parser.add_argument("--no-listen", action="store_false", dest="listen", default=None,
+                            help="poll only: no LISTEN connection and no session state (for "
+                                 "PgBouncer in transaction pooling mode); default "
+                                 "PGJOBS_LISTEN")
         parser.add_argument("--database", default="default", help="database alias")
         parser.add_argument("--log-level", default="INFO",
                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -89,9 +110,12 @@ class Command(BaseCommand):
         worker_id = options["worker_id"]
         if worker_id is not None and not 0 < len(worker_id) <= 200:
             raise CommandError("--worker-id must have 1 to 200 characters")
+        queues, weights = _queues_and_weights(options["queues"])
         self._configure_logging(options["log_level"])
         worker = Worker(
-            queues=options["queues"],
+            queues=queues,
+            queue_weights=weights,
+            listen=options["listen"],
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
             poll_interval=options["poll_interval"],
@@ -134,3 +158,18 @@ class Command(BaseCommand):
             handler = logging.StreamHandler(sys.stderr)
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
             root.addHandler(handler)
+
+
+def _queues_and_weights(
+    parsed: list[tuple[str, int | None]] | None,
+) -> tuple[list[str] | None, dict[str, int]]:
+    if not parsed:
+        return None, {}
+    weights: dict[str, int] = {}
+    for name, weight in parsed:
+        if weight is None:
+            continue
+        if weights.get(name, weight) != weight:
+            raise CommandError(f"--queue {name} is given with two weights")
+        weights[name] = weight
+    return [name for name, _ in parsed], weights
