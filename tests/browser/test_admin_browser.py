@@ -1,0 +1,155 @@
+"""The admin as an operator sees it, in a real browser: redaction, actions, 403, dashboard."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from playwright.sync_api import Page, expect
+
+from django_pgjobs import job
+from django_pgjobs.models import Job, OperatorAction
+from django_pgjobs.status import JobStatus
+from tests.browser.conftest import PASSWORD, log_in
+from tests.factories import AttemptFactory, JobFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET_CARD = "4111111111111111"
+SECRET_EMAIL = "ada@example.com"
+OPERATOR_ACTIONS = ["retry_selected", "replay_selected", "cancel_selected",
+                    "dead_letter_selected"]
+
+
+@job("tests.browser.charge", redact=("customer.email",))
+def charge(ctx: Any, payload: Any) -> None:
+    """A handler whose payload carries secrets."""
+
+
+def user(username: str, *codenames: str, superuser: bool = False) -> User:
+    made = User.objects.create_user(username, password=PASSWORD, is_staff=True,
+                                    is_superuser=superuser)
+    made.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="pgjobs", codename__in=codenames)
+    )
+    return made
+
+
+def dead_charge() -> Job:
+    failed = JobFactory(
+        task="tests.browser.charge", dead=True,
+        payload={"order": 7, "card_number": SECRET_CARD, "customer": {"email": SECRET_EMAIL}},
+        last_error=f"CardError: card {SECRET_CARD} declined for {SECRET_EMAIL}",
+    )
+    AttemptFactory(job=failed, number=1, outcome="dead", failure_class="permanent",
+                   error=f"declined {SECRET_CARD}", worker_id="worker-1", duration_ms=42)
+    return failed
+
+
+def action_options(page: Page) -> list[str]:
+    return [o for o in page.locator("select[name=action] option").evaluate_all(
+        "options => options.map(o => o.value)") if o]
+
+
+def test_a_superuser_sees_redacted_payloads_and_every_action(
+    live_server: Any, page: Page, screenshot: Callable[[str], Path]
+) -> None:
+    user("root", superuser=True)
+    failed = dead_charge()
+    log_in(page, live_server.url, "root")
+
+    expect(page.locator("#result_list")).to_contain_text("[redacted]")
+    assert SECRET_CARD not in page.content() and SECRET_EMAIL not in page.content()
+    assert action_options(page) == [*OPERATOR_ACTIONS, "export_selected"]
+    screenshot("list")
+
+    page.click(f"a[href$='/admin/pgjobs/job/{failed.pk}/change/']")
+    expect(page.locator("body")).to_contain_text("CardError: card [redacted] declined")
+    expect(page.locator("#pgjobs-raw-payload-link")).to_be_visible()
+    assert SECRET_CARD not in page.content() and SECRET_EMAIL not in page.content()
+    screenshot("detail")
+
+    page.goto(f"{live_server.url}/admin/pgjobs/job/")
+    page.check(f"input[name=_selected_action][value='{failed.pk}']")
+    page.select_option("select[name=action]", "retry_selected")
+    page.click("button[name=index]")
+    expect(page.locator("#pgjobs-changes")).to_contain_text(
+        "1 job (1 dead) will go back to ready now")
+    screenshot("retry-confirmation")
+    page.fill("textarea[name=reason]", "card network back up")
+    page.click("#pgjobs-confirm")
+    expect(page.locator("ul.messagelist")).to_contain_text("Retried 1 job")
+    screenshot("retried")
+    assert Job.objects.get(pk=failed.pk).status == JobStatus.READY
+    audit = OperatorAction.objects.get()
+    assert (audit.actor_name, audit.action, audit.reason, audit.changed) == (
+        "root", "retry", "card network back up", 1)
+
+
+def test_a_view_only_staff_user_sees_no_operator_action(
+    live_server: Any, page: Page, screenshot: Callable[[str], Path]
+) -> None:
+    user("viewer", "view_job", "view_attempt")
+    failed = dead_charge()
+    log_in(page, live_server.url, "viewer")
+
+    assert action_options(page) == ["export_selected"]
+    expect(page.locator("#result_list")).to_contain_text("[redacted]")
+    screenshot("list")
+    page.goto(f"{live_server.url}/admin/pgjobs/job/{failed.pk}/change/")
+    expect(page.locator("#pgjobs-raw-payload-link")).to_have_count(0)
+    screenshot("detail")
+
+
+def test_a_forged_action_post_is_refused(
+    live_server: Any, page: Page, screenshot: Callable[[str], Path]
+) -> None:
+    user("viewer", "view_job")
+    failed = dead_charge()
+    log_in(page, live_server.url, "viewer")
+
+    # The viewer's own session and CSRF token, posting an action the page never offered.
+    statuses = page.evaluate(
+        """async ([jobId]) => {
+            const token = document.querySelector("input[name=csrfmiddlewaretoken]").value;
+            const post = async (fields) => {
+                const body = new URLSearchParams({csrfmiddlewaretoken: token, ...fields});
+                const response = await fetch(location.pathname, {method: "POST", body});
+                return response.status;
+            };
+            return [
+                await post({action: "retry_selected", index: "0", _selected_action: jobId}),
+                await post({action: "retry_selected", _selected_action: jobId,
+                            pgjobs_ids: jobId, pgjobs_confirm: "yes"}),
+            ];
+        }""",
+        [str(failed.pk)],
+    )
+    assert statuses == [403, 403]
+    page.goto(f"{live_server.url}/admin/pgjobs/job/{failed.pk}/raw-payload/")
+    expect(page.locator("body")).to_contain_text("403")
+    screenshot("raw-payload-refused")
+    assert Job.objects.get(pk=failed.pk).status == JobStatus.DEAD
+    assert OperatorAction.objects.count() == 0
+
+
+def test_the_dashboard_renders(
+    live_server: Any, page: Page, screenshot: Callable[[str], Path]
+) -> None:
+    user("viewer", "view_job")
+    JobFactory.create_batch(3, queue="mail")
+    JobFactory(queue="mail", running=True)
+    dead_charge()
+    log_in(page, live_server.url, "viewer")
+
+    page.click("#pgjobs-dashboard-link")
+    expect(page.locator("h1")).to_have_text("Job queue dashboard")
+    mail = page.locator("#pgjobs-queues tr", has_text="mail")
+    expect(mail.locator("td").nth(0)).to_have_text("3")
+    expect(mail.locator("td").nth(2)).to_have_text("1")
+    expect(page.locator("svg#pgjobs-throughput")).to_be_visible()
+    expect(page.locator("#pgjobs-failures")).to_be_visible()
+    screenshot("dashboard")
