@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 HandlerFunc = Callable[["JobContext", Any], Any]
 Upgrade = Callable[[Any], Any]
 
+# Jobs enqueued through the django.tasks backend are named this prefix + the task's module path.
+DJANGO_TASK_PREFIX = "django.tasks:"
 _NAME = re.compile(r"^[A-Za-z_][\w.:-]{0,199}$")
 
 
@@ -109,7 +111,16 @@ class Registry:
         self._handlers[handler.name] = handler
 
     def get(self, name: str) -> Handler | None:
-        return self._handlers.get(name)
+        handler = self._handlers.get(name)
+        if handler is None and name.startswith(DJANGO_TASK_PREFIX):
+            # A django.tasks function: the backend builds its handler on first use (importing
+            # the function), and it is kept like any registered one.
+            from .backend import resolve_handler
+
+            handler = resolve_handler(name)
+            if handler is not None:
+                self._handlers[name] = handler
+        return handler
 
     def names(self) -> list[str]:
         return sorted(self._handlers)

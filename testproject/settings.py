@@ -36,6 +36,20 @@ INSTALLED_APPS = [
     "testproject.demo",
     "testproject.chaos",
 ]
+try:  # Django < 6: django.tasks comes from the django-tasks backport, an app of its own
+    import django_tasks  # noqa: F401
+
+    INSTALLED_APPS.append("django_tasks")
+except ImportError:
+    pass
+
+# @task functions (django.tasks) run as django-pgjobs jobs; QUEUES [] accepts any queue name.
+TASKS = {
+    "default": {
+        "BACKEND": "django_pgjobs.backend.PgJobsBackend",
+        "QUEUES": [],
+    }
+}
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

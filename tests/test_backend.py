@@ -1,0 +1,459 @@
+"""PgJobsBackend, tested the way Django tests its own task backends, plus runs by real workers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core import checks
+from django.db import transaction
+from django.test import override_settings
+from django.utils import timezone
+
+import django_pgjobs
+from django_pgjobs.backend import PgJobsBackend, option_problems, task_name
+from django_pgjobs.models import Attempt, Job
+from django_pgjobs.status import JobStatus
+from django_pgjobs.worker import Worker
+from tests.conftest import wait_for
+
+try:
+    from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+except ImportError:  # Django < 6: the django-tasks backport
+    from django_tasks import TaskResultStatus, default_task_backend, task, task_backends
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+
+ran: list[tuple[str, Any]] = []
+
+
+@task()
+def noop() -> None:
+    ran.append(("noop", None))
+
+
+@task()
+def add(a: int, b: int) -> int:
+    ran.append(("add", (a, b)))
+    return a + b
+
+
+@task(queue_name="flaky")
+def fail(message: str = "boom") -> None:
+    raise ValueError(message)
+
+
+@task()
+async def add_async(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
+
+
+@task(takes_context=True)
+def with_context(context: Any, label: str) -> dict[str, Any]:
+    return {"label": label, "attempt": context.attempt, "id": context.task_result.id}
+
+
+@task()
+def bad_return() -> Any:
+    return {"when": object()}
+
+
+@task(priority=10)
+def ordered(label: str) -> str:
+    ran.append(("ordered", label))
+    return label
+
+
+@pytest.fixture(autouse=True)
+def _clear_ran() -> None:
+    ran.clear()
+
+
+def drain(timeout: float = 15) -> None:
+    """Run burst workers until no task is waiting, retries included (not far-deferred ones)."""
+
+    def settled() -> bool:
+        Worker(burst=True, install_signals=False, poll_interval=0.05).run()
+        return not Job.objects.exclude(
+            status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]
+        ).filter(run_at__lte=timezone.now() + timedelta(minutes=1)).exists()
+
+    wait_for(settled, timeout, interval=0.1)
+
+
+# --- the backend's declared features ---------------------------------------------------------
+
+
+def test_backend_supports_every_feature() -> None:
+    backend = task_backends["default"]
+    assert isinstance(backend, PgJobsBackend)
+    assert (backend.supports_defer, backend.supports_async_task, backend.supports_get_result,
+            backend.supports_priority) == (True, True, True, True)
+    assert default_task_backend.alias == "default"
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_enqueue_returns_a_ready_result_and_writes_one_job() -> None:
+    result = add.enqueue(2, b=3)
+
+    assert result.status == TaskResultStatus.READY
+    assert result.task == add
+    assert (result.args, result.kwargs) == ([2], {"b": 3})
+    assert result.backend == "default"
+    assert result.enqueued_at is not None
+    assert (result.started_at, result.finished_at, result.last_attempted_at) == (None, None, None)
+    assert (result.errors, result.worker_ids, result.attempts) == ([], [], 0)
+    assert result.is_finished is False
+    with pytest.raises(ValueError, match="Task has not finished yet"):
+        _ = result.return_value
+    job = Job.objects.get(pk=int(result.id))
+    assert job.task == "django.tasks:tests.test_backend.add" == task_name(add)
+    assert job.payload == {"args": [2], "kwargs": {"b": 3}, "backend": "default"}
+    assert (job.queue, job.priority, job.status) == ("default", 0, JobStatus.READY)
+    assert job.created_at == result.enqueued_at
+
+
+@pytest.mark.django_db
+def test_enqueue_normalizes_arguments_like_django() -> None:
+    result = add.enqueue((1, 2), b=b"bytes")
+    assert (result.args, result.kwargs) == ([[1, 2]], {"b": "bytes"})
+    assert Job.objects.get(pk=int(result.id)).payload["args"] == [[1, 2]]
+
+
+@pytest.mark.django_db
+def test_enqueue_refuses_arguments_that_are_not_json() -> None:
+    with pytest.raises(TypeError, match="Unsupported type"):
+        add.enqueue(timezone.now(), 1)
+    # Stricter than Django: an int key would come back as a string.
+    with pytest.raises(django_pgjobs.PayloadNotJSON, match="is a int, not a string"):
+        add.enqueue({1: "one"}, 1)
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_priority_queue_and_run_after_become_job_columns() -> None:
+    later = timezone.now() + timedelta(hours=1)
+    result = add.using(priority=-20, queue_name="reports", run_after=later).enqueue(1, 1)
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.priority, job.base_priority, job.queue) == (-20, -20, "reports")
+    assert (job.status, job.run_at) == (JobStatus.SCHEDULED, later)
+    assert result.task.run_after == later
+    assert add.get_backend().get_result(result.id).status == TaskResultStatus.READY
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_joins_the_callers_transaction() -> None:
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), transaction.atomic():
+        result = noop.enqueue()
+        assert Job.objects.filter(pk=int(result.id)).exists()
+        raise Rollback
+    with pytest.raises(TaskResultDoesNotExist):
+        noop.get_result(result.id)
+
+
+@pytest.mark.django_db
+def test_enqueue_sends_task_enqueued_from_the_backend_class() -> None:
+    seen: list[tuple[type, str]] = []
+
+    def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
+        seen.append((sender, task_result.status))
+
+    task_enqueued.connect(receiver)
+    try:
+        noop.enqueue()
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert seen == [(PgJobsBackend, TaskResultStatus.READY)]
+
+
+@pytest.mark.django_db
+def test_a_failing_enqueue_receiver_does_not_stop_the_enqueue(caplog) -> None:
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("receiver bug")
+
+    task_enqueued.connect(broken)
+    try:
+        result = noop.enqueue()
+    finally:
+        task_enqueued.disconnect(broken)
+    assert Job.objects.filter(pk=int(result.id)).exists()
+    assert "receiver bug" in caplog.text and "task_enqueued" in caplog.text
+
+
+@pytest.mark.django_db
+def test_aenqueue_and_aget_result() -> None:
+    result = async_to_sync(add.aenqueue)(4, 5)
+    assert result.status == TaskResultStatus.READY
+    fetched = async_to_sync(add.aget_result)(result.id)
+    assert (fetched.id, fetched.args, fetched.status) == (result.id, [4, 5],
+                                                          TaskResultStatus.READY)
+    fetched = async_to_sync(default_task_backend.aget_result)(result.id)
+    assert fetched.task == add
+
+
+# --- validation, with Django's messages ------------------------------------------------------
+
+
+def test_a_function_that_is_not_module_level_is_refused() -> None:
+    def local() -> None:
+        pass
+
+    message = "Task function must be defined at a module level."
+    with pytest.raises(InvalidTask, match=re.escape(message)):
+        task()(local)
+
+
+def test_takes_context_needs_a_context_argument() -> None:
+    message = "Task takes context but does not have a first argument of 'context'."
+    with pytest.raises(InvalidTask, match=re.escape(message)):
+        task(takes_context=True)(add.func)
+
+
+@pytest.mark.parametrize("priority", [-101, 101])
+def test_priority_out_of_range_is_refused(priority: int) -> None:
+    with pytest.raises(InvalidTask, match="priority must be a whole number between -100 and 100"):
+        add.using(priority=priority)
+
+
+def test_naive_run_after_is_refused() -> None:
+    with pytest.raises(InvalidTask, match=re.escape("run_after must be an aware datetime.")):
+        add.using(run_after=datetime(2030, 1, 1))
+
+
+def test_queue_not_in_queues_is_refused() -> None:
+    tasks = {"default": {"BACKEND": "django_pgjobs.backend.PgJobsBackend",
+                         "QUEUES": ["default"]}}
+    with override_settings(TASKS=tasks):
+        with pytest.raises(InvalidTask, match=re.escape("Queue 'mail' is not valid for backend.")):
+            add.using(queue_name="mail")
+        assert add.using(queue_name="default").queue_name == "default"
+
+
+def test_queue_not_declared_in_pgjobs_queues_is_refused() -> None:
+    with override_settings(PGJOBS_QUEUES=["default"]), pytest.raises(
+        InvalidTask, match="Queue 'mail' is not valid for backend: PGJOBS_QUEUES does not"
+    ):
+        add.using(queue_name="mail")
+
+
+@pytest.mark.django_db
+def test_get_result_of_an_unknown_or_malformed_id() -> None:
+    job = django_pgjobs.enqueue("tests.ok", {})  # a plain job is not a task result
+    for bad in ["", "abc", "-1", "0", "1.5", " 1", "99999999999999999999", str(job.pk),
+                str(job.pk + 1000)]:
+        with pytest.raises(TaskResultDoesNotExist):
+            default_task_backend.get_result(bad)
+
+
+@pytest.mark.django_db
+def test_get_result_of_another_task_is_a_mismatch() -> None:
+    result = add.enqueue(1, 2)
+    assert add.get_result(result.id).id == result.id
+    with pytest.raises(TaskResultMismatch):
+        noop.get_result(result.id)
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+
+def errors_of(tasks: dict[str, Any], **extra: Any) -> list[tuple[str, str]]:
+    with override_settings(TASKS=tasks, **extra):
+        return [(m.id or "", m.msg) for m in task_backends["default"].check()]
+
+
+def test_check_passes_for_the_test_settings() -> None:
+    assert task_backends["default"].check() == []
+    messages = checks.run_checks()
+    assert [m for m in messages if (m.id or "").startswith("pgjobs.E1")] == []
+
+
+def test_check_reports_an_unknown_database_and_bad_options() -> None:
+    tasks = {"default": {
+        "BACKEND": "django_pgjobs.backend.PgJobsBackend",
+        "OPTIONS": {"database": "nope", "retries": 3, "max_attempts": 0,
+                    "queues": {"mail": {"lease_seconds": "long", "colour": "red"}}},
+    }}
+    found = errors_of(tasks)
+    assert ("pgjobs.E102",
+            "TASKS['default'] OPTIONS['database'] names an unknown database 'nope'.") in found
+    problems = [msg for code, msg in found if code == "pgjobs.E103"]
+    assert problems == [
+        "TASKS['default'] " + p for p in option_problems(tasks["default"]["OPTIONS"])
+    ]
+    assert len(problems) == 4
+    assert any("unknown key 'retries'" in p for p in problems)
+    assert any("OPTIONS['max_attempts'] must be a number >= 1 (a whole number)." in p
+               for p in problems)
+    assert any("OPTIONS['queues']['mail']['lease_seconds'] must be a number >= 1." in p
+               for p in problems)
+    assert any("OPTIONS['queues']['mail'] has an unknown key 'colour'" in p for p in problems)
+
+
+def test_check_reports_queues_pgjobs_does_not_accept() -> None:
+    tasks = {"default": {"BACKEND": "django_pgjobs.backend.PgJobsBackend",
+                         "QUEUES": ["default", "x" * 65]}}
+    found = errors_of(tasks, PGJOBS_QUEUES=["default"])
+    assert [code for code, _ in found] == ["pgjobs.E104"]
+    assert "a queue name has 1 to 64 characters" in found[0][1]
+
+
+def test_check_reports_the_app_missing() -> None:
+    from django.conf import settings
+
+    apps_without = [a for a in settings.INSTALLED_APPS if a != "django_pgjobs"]
+    with override_settings(INSTALLED_APPS=apps_without):
+        found = [(m.id, m.msg) for m in task_backends["default"].check()]
+    assert found == [("pgjobs.E101", "TASKS['default'] uses PgJobsBackend, but django_pgjobs "
+                                     "is not in INSTALLED_APPS.")]
+
+
+# --- run by the pgjobs worker ----------------------------------------------------------------
+
+pytestmark_worker = pytest.mark.django_db(transaction=True)
+
+
+@pytestmark_worker
+def test_a_task_runs_under_the_worker_and_its_result_reads_back() -> None:
+    result = add.enqueue(2, 3)
+    drain()
+
+    assert ran == [("add", (2, 3))]
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.is_finished
+    attempt = Attempt.objects.get(job_id=int(result.id))
+    assert result.worker_ids == [attempt.worker_id] and result.attempts == 1
+    assert result.started_at == result.last_attempted_at == attempt.claimed_at
+    assert result.finished_at == Job.objects.get(pk=int(result.id)).finished_at
+    assert result.errors == []
+
+
+@pytestmark_worker
+def test_async_context_and_keyword_tasks_run() -> None:
+    async_result = add_async.enqueue(20, b=22)
+    context_result = with_context.enqueue("hello")
+    drain()
+    assert add_async.get_result(async_result.id).return_value == 42
+    assert with_context.get_result(context_result.id).return_value == {
+        "label": "hello", "attempt": 1, "id": context_result.id,
+    }
+
+
+@pytestmark_worker
+def test_a_failing_task_is_retried_then_failed_with_one_error_per_attempt() -> None:
+    tasks = {"default": {"BACKEND": "django_pgjobs.backend.PgJobsBackend", "QUEUES": [],
+                         "OPTIONS": {"queues": {"flaky": {"max_attempts": 2}}}}}
+    with override_settings(TASKS=tasks):
+        result = fail.enqueue("bad input")
+        assert Job.objects.get(pk=int(result.id)).max_attempts == 2
+        drain()
+        final = fail.get_result(result.id)
+
+    assert final.status == TaskResultStatus.FAILED
+    with pytest.raises(ValueError, match="Task failed"):
+        _ = final.return_value
+    attempts = list(Attempt.objects.filter(job_id=int(result.id)).order_by("claimed_at"))
+    assert final.attempts == 2 == len(attempts)
+    assert final.worker_ids == [a.worker_id for a in attempts]
+    assert [e.exception_class for e in final.errors] == [ValueError, ValueError]
+    assert all("ValueError: bad input" in e.traceback for e in final.errors)
+    assert final.started_at == attempts[0].claimed_at
+    assert final.last_attempted_at == attempts[1].claimed_at
+    assert final.finished_at is not None
+
+
+@pytestmark_worker
+def test_a_return_value_that_is_not_json_fails_at_once() -> None:
+    result = bad_return.enqueue()
+    drain()
+    final = bad_return.get_result(result.id)
+    assert final.status == TaskResultStatus.FAILED
+    assert final.attempts == 1
+    assert [e.exception_class_path for e in final.errors] == [
+        "django_pgjobs.exceptions.Permanent"
+    ]
+
+
+@pytestmark_worker
+def test_signals_carry_djangos_meanings_and_a_raising_receiver_changes_nothing() -> None:
+    seen: list[tuple[str, str, int, type]] = []
+
+    def started(sender: type, task_result: Any, **kwargs: Any) -> None:
+        seen.append(("started", task_result.status, task_result.attempts, sender))
+        raise RuntimeError("broken started receiver")
+
+    def finished(sender: type, task_result: Any, **kwargs: Any) -> None:
+        seen.append(("finished", task_result.status, len(task_result.errors), sender))
+        raise RuntimeError("broken finished receiver")
+
+    task_started.connect(started)
+    task_finished.connect(finished)
+    try:
+        ok = add.enqueue(1, 1)
+        bad = bad_return.enqueue()
+        drain()
+    finally:
+        task_started.disconnect(started)
+        task_finished.disconnect(finished)
+
+    assert add.get_result(ok.id).status == TaskResultStatus.SUCCESSFUL
+    assert bad_return.get_result(bad.id).status == TaskResultStatus.FAILED
+    assert sorted(seen, key=str) == sorted([
+        ("started", TaskResultStatus.RUNNING, 1, PgJobsBackend),
+        ("finished", TaskResultStatus.SUCCESSFUL, 0, PgJobsBackend),
+        ("started", TaskResultStatus.RUNNING, 1, PgJobsBackend),
+        ("finished", TaskResultStatus.FAILED, 1, PgJobsBackend),
+    ], key=str)
+
+
+@pytestmark_worker
+def test_task_finished_is_sent_inside_the_except_so_the_traceback_is_logged(caplog) -> None:
+    caplog.set_level("ERROR")
+    fail.enqueue("logged")
+    Worker(burst=True, install_signals=False, poll_interval=0.05, max_jobs=1).run()
+    records = [r for r in caplog.records if r.name in ("django.tasks", "django_tasks")]
+    assert records and records[-1].exc_info is not None
+    assert records[-1].exc_info[0] is ValueError
+
+
+@pytestmark_worker
+def test_higher_priority_runs_first_and_deferred_tasks_wait() -> None:
+    later = ordered.using(run_after=timezone.now() + timedelta(hours=1)).enqueue("later")
+    ordered.using(priority=-5).enqueue("low")
+    ordered.using(priority=50).enqueue("high")
+    ordered.enqueue("middle")
+    worker = Worker(burst=True, install_signals=False, poll_interval=0.05, batch_size=1)
+    worker.run()
+    assert [label for name, label in ran if name == "ordered"] == ["high", "middle", "low"]
+    assert ordered.get_result(later.id).status == TaskResultStatus.READY
+
+
+@pytest.mark.slow
+@pytestmark_worker
+def test_a_task_runs_under_the_pgjobs_worker_command(start_worker) -> None:
+    from testproject.demo.tasks import add as demo_add
+
+    result = demo_add.enqueue(40, 2)
+    worker = start_worker("--poll-interval", "0.1")
+    wait_for(lambda: demo_add.get_result(result.id).is_finished, 30)
+    worker.signal(15)
+    assert worker.wait(30) == 0
+    final = demo_add.get_result(result.id)
+    assert (final.status, final.return_value, final.attempts) == (
+        TaskResultStatus.SUCCESSFUL, 42, 1
+    )
