@@ -228,9 +228,10 @@ def cancel_plan(counts: dict[str, int], already_asked: int) -> Plan:
         changes.append(f"{_jobs(n)} ({states}) will be cancelled now and will not run.")
     if running:
         changes.append(
-            f"{_jobs(running)} (running) will be asked to stop. Each worker sees the request at "
-            "its next heartbeat and still settles the job itself; a handler that does not check "
-            "ctx.cancel_requested runs to its end."
+            f"{_jobs(running)} (running) will be asked to stop. A handler sees the request as "
+            "ctx.cancel_requested after its next heartbeat and decides how to stop; its worker "
+            "still settles the job. A handler without heartbeats, or that ignores the request, "
+            "runs to its end."
         )
     if not changes:
         changes.append("No selected job is waiting or running: nothing will change.")
