@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 
-.PHONY: venv test demo lint chaos bench clean
+.PHONY: venv test demo lint chaos bench soak profile clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,32 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy django_pgjobs
 	$(MANAGE) makemigrations --check --dry-run
+
+# Benchmarks: the peers are installed into their own virtualenv, never into the project's.
+#   make bench                         the full run (about 15 minutes); BENCH_ARGS=--quick to check
+#   make soak SOAK_ARGS="--minutes 10" sustained load, table size and claim latency over time
+#   make profile                       round trips per claim/settle and where worker CPU goes
+BENCH_VENV ?= .venv-bench
+BENCH_PY := $(BENCH_VENV)/bin/python
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS ?=
+SOAK_ARGS ?=
+
+$(BENCH_STAMP): pyproject.toml bench/requirements.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_PY) -m pip install --quiet --upgrade pip
+	$(BENCH_PY) -m pip install --quiet -e '.[dev]' -r bench/requirements.txt
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.run $(BENCH_ARGS)
+	$(BENCH_PY) -m bench.chart
+
+soak: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.soak $(SOAK_ARGS)
+
+profile: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.profile_hot_path
 
 clean:
 	rm -rf .venv .venv-* .pgdata

@@ -1,0 +1,1 @@
+"""One client module per system: the actions ``bench.measure`` runs, through each system's API."""

@@ -1,0 +1,224 @@
+"""What every measurement needs: bench databases, child processes, and a drain timer.
+
+Only databases whose name starts with ``bench_`` are ever created or dropped here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+MANAGE = str(ROOT / "bench" / "manage.py")
+SERVER_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+
+_POLL_SECONDS = 0.05
+
+
+def dsn(database: str) -> str:
+    """The server's URL with ``database`` as its database."""
+    return urlunsplit(urlsplit(SERVER_URL)._replace(path=f"/{database}"))
+
+
+def recreate_database(name: str) -> None:
+    """Drop and create the bench database ``name`` (refuses any other name)."""
+    if not name.startswith("bench_"):
+        raise ValueError(f"refusing to touch database {name!r}: bench databases start with bench_")
+    with psycopg.connect(dsn("postgres"), autocommit=True) as conn:
+        name_sql = sql.Identifier(name)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name_sql))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name_sql))
+
+
+def execute(database: str, statement: str, params: Sequence[Any] | None = None) -> list[tuple]:
+    """Run one statement in autocommit (VACUUM needs it) and return its rows, if any."""
+    with psycopg.connect(dsn(database), autocommit=True) as conn:
+        cursor = conn.execute(statement.encode(), params)  # type: ignore[call-overload]
+        return cursor.fetchall() if cursor.description else []
+
+
+def child_env(database: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    env["BENCH_DB_NAME"] = database
+    env["BENCH_DATABASE_URL"] = dsn(database)
+    env["BENCH_PROCRASTINATE_DSN"] = dsn(database)
+    env.update(extra)
+    return env
+
+
+def measure(system: str, action: str, database: str, timeout: float = 900, **kwargs: Any) -> Any:
+    """Run ``bench.measure <system> <action>`` in a child process and return its JSON answer."""
+    completed = subprocess.run(
+        [PYTHON, "-m", "bench.measure", system, action, json.dumps(kwargs)],
+        env=child_env(database), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"{system} {action} failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def manage(database: str, *args: str) -> None:
+    subprocess.run([PYTHON, MANAGE, *args], env=child_env(database), cwd=ROOT, check=True)
+
+
+@dataclass
+class Finished:
+    returncode: int
+    cpu_seconds: float
+    max_rss_mb: float
+
+
+@dataclass
+class Workers:
+    """Worker processes started together; reaped with wait4 for their exact CPU and peak RSS."""
+
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    finished: dict[int, Finished] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, commands: Sequence[Sequence[str]], env: dict[str, str], log: Path) -> Workers:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        workers = cls()
+        with log.open("ab") as out:
+            for command in commands:
+                workers.procs.append(
+                    subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
+                )
+        return workers
+
+    def reap(self) -> bool:
+        """Collect exited processes; return True when all have exited."""
+        for proc in self.procs:
+            if proc.pid in self.finished:
+                continue
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == 0:
+                continue
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            self.finished[proc.pid] = Finished(
+                proc.returncode, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+            )
+        return len(self.finished) == len(self.procs)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the ones still running, then SIGKILL after ``grace`` seconds."""
+        # os.kill, not Popen.send_signal: that one reaps the process first (poll), and
+        # wait4 would then find nothing to report.
+        self.reap()
+        for proc in self.procs:
+            if proc.pid not in self.finished:
+                os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while not self.reap() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for proc in self.procs:
+            if proc.pid not in self.finished:
+                os.kill(proc.pid, signal.SIGKILL)
+        while not self.reap():
+            time.sleep(0.05)
+
+
+@dataclass
+class Drain:
+    jobs: int
+    jobs_per_s: float
+    seconds: float
+    cpu_us_per_job: float | None
+    max_rss_mb: float | None
+    complete: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def drain(
+    database: str,
+    remaining_sql: str,
+    jobs: int,
+    commands: Sequence[Sequence[str]],
+    log: Path,
+    *,
+    timeout: float,
+    python_workers: bool = True,
+    startup_cpu_seconds: float = 0.0,
+) -> Drain:
+    """Start ``commands`` against ``jobs`` preloaded jobs and time the steady state.
+
+    The rate is taken between 5% and 95% done, so process start-up and the last stragglers are
+    left out for every system alike; "done" is read from the system's own table. The CPU a
+    worker spends starting and stopping (``startup_cpu_seconds``, see ``startup_cpu``) is taken
+    off its CPU per job.
+    """
+    execute(database, "VACUUM ANALYZE")
+    low, high = jobs * 0.05, jobs * 0.95
+    t_low = t_high = None
+    done_low = done_high = 0
+    start = time.monotonic()
+    workers = Workers.start(commands, child_env(database), log)
+    with psycopg.connect(dsn(database), autocommit=True) as conn:
+        while True:
+            row = conn.execute(remaining_sql.encode()).fetchone()
+            assert row is not None
+            done = jobs - row[0]
+            now = time.monotonic()
+            if t_low is None and done >= low:
+                t_low, done_low = now, done
+            if t_high is None and done >= high:
+                t_high, done_high = now, done
+            all_exited = workers.reap()
+            if (done >= jobs and all_exited) or now - start > timeout:
+                break
+            if done >= jobs and now - (t_high or now) > 30:
+                break  # a worker that does not exit on an empty queue: stop it below
+            time.sleep(_POLL_SECONDS)
+    workers.stop()
+    elapsed = time.monotonic() - start
+    if t_low is not None and t_high is not None and t_high > t_low:
+        rate = (done_high - done_low) / (t_high - t_low)
+    else:
+        rate = done / elapsed if elapsed else 0.0
+    finished = list(workers.finished.values())
+    cpu = max(0.0, sum(f.cpu_seconds for f in finished) - startup_cpu_seconds * len(finished))
+    return Drain(
+        jobs=jobs,
+        jobs_per_s=rate,
+        seconds=elapsed,
+        cpu_us_per_job=cpu / max(done, 1) * 1e6 if python_workers else None,
+        max_rss_mb=statistics.mean(f.max_rss_mb for f in finished) if python_workers else None,
+        complete=done >= jobs,
+    )
+
+
+def startup_cpu(database: str, command: Sequence[str], log: Path, timeout: float = 60) -> float:
+    """CPU seconds one worker spends starting and stopping on an empty queue (burst mode)."""
+    workers = Workers.start([command], child_env(database), log)
+    deadline = time.monotonic() + timeout
+    while not workers.reap() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers.stop()
+    return next(iter(workers.finished.values())).cpu_seconds
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]

@@ -1,0 +1,21 @@
+"""django-pgjobs handlers for the benchmark (discovered like any app's ``jobs`` module)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django_pgjobs import job
+from django_pgjobs.context import JobContext
+
+from .probe import report_start
+
+
+@job("bench.noop")
+def noop(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Do nothing: the benchmark measures the queue, not the work."""
+
+
+@job("bench.pickup")
+def pickup(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Report the moment this handler started."""
+    report_start(payload["n"], payload["port"])

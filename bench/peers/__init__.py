@@ -1,0 +1,1 @@
+"""The peers measured next to django-pgjobs, each driven through its own public API."""

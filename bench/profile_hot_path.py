@@ -1,0 +1,184 @@
+"""Profile the hot path: round trips per claim and settle, and where a worker's CPU goes.
+
+``python -m bench.profile_hot_path [--jobs 20000]``:
+
+1. Round trips: libpq's protocol trace around one ``claim_jobs`` and one ``settle`` (every
+   ReadyForQuery the server sends ends one round trip), and around single and bulk enqueues.
+2. Worker CPU: py-spy samples a real ``pgjobs_worker --burst`` draining ``--jobs`` no-op jobs;
+   samples are grouped by phase (claim, execute, settle, wake-ups, maintenance) and by function.
+3. Enqueue CPU: cProfile over single enqueues and one bulk enqueue, by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import io
+import os
+import pstats
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+
+DATABASE = "bench_profile"
+PHASES = [  # first match wins, searched from the innermost frame outwards
+    ("claim", ("claim_jobs", "_claim ")),
+    ("settle", ("settle ", "_flush ")),
+    ("execute", ("execute (django_pgjobs/executor.py",)),
+    ("wake-ups", ("notify.py", "_idle ", "listen")),
+    ("maintenance", ("maintenance.py", "_run_step")),
+]
+
+
+def count_round_trips(action: Callable[[], Any]) -> tuple[int, int]:
+    """Run ``action`` on the default connection under libpq's trace; (round trips, messages)."""
+    from django.db import connection
+    from psycopg import pq
+
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            action()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        lines = trace.read().splitlines()
+    sent = [line for line in lines if line.startswith("F")]
+    return sum("ReadyForQuery" in line for line in lines), len(sent)
+
+
+def round_trips() -> list[list[str]]:
+    from django.db import transaction
+
+    from django_pgjobs import JobSpec, enqueue, enqueue_many
+    from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
+    from django_pgjobs.transitions import Outcome, claim_jobs, settle
+
+    enqueue_many([JobSpec.of("bench.noop", {"n": i}) for i in range(100)])
+    claim_jobs("profile-warmup", "default", 10)  # compiles and caches the claim text
+    claimed: list[Any] = []
+    rows = []
+
+    def single() -> None:
+        with transaction.atomic():
+            enqueue("bench.noop", {"n": 1})
+
+    def bulk() -> None:
+        with transaction.atomic():
+            enqueue_many([JobSpec.of("bench.noop", {"n": i}) for i in range(100)])
+
+    def claim() -> None:
+        claimed.extend(claim_jobs("profile", "default", 10))
+
+    def settle_batch() -> None:
+        settle([Outcome(j.id, j.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
+                        terminal_reason=TerminalReason.SUCCEEDED, result_json="null")
+                for j in claimed])
+
+    for label, action in (("enqueue (one job, in transaction.atomic)", single),
+                          ("enqueue_many (100 jobs, in transaction.atomic)", bulk),
+                          ("claim_jobs (batch 10)", claim),
+                          ("settle (batch of 10 outcomes)", settle_batch)):
+        trips, messages = count_round_trips(action)
+        rows.append([label, str(trips), str(messages)])
+    return rows
+
+
+def worker_profile(jobs: int, out: Path) -> tuple[list[list[str]], list[list[str]], int]:
+    """py-spy a burst worker (1 process, 1 thread, batch 10) over ``jobs`` no-op jobs."""
+    harness.measure("pgjobs", "reset", DATABASE)
+    harness.measure("pgjobs", "preload", DATABASE, n=jobs)
+    harness.execute(DATABASE, "VACUUM ANALYZE")
+    py_spy = shutil.which("py-spy") or str(Path(harness.PYTHON).parent / "py-spy")
+    subprocess.run(
+        [py_spy, "record", "--format", "raw", "--rate", "250", "--output", str(out), "--",
+         harness.PYTHON, harness.MANAGE, "pgjobs_worker", "--burst", "--batch-size", "10",
+         "--log-level", "WARNING"],
+        env=harness.child_env(DATABASE), cwd=harness.ROOT, check=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    phases: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        own[frames[-1]] += count
+        phase = "start-up and other"
+        for frame in reversed(frames):
+            found = next((name for name, marks in PHASES if any(m in frame for m in marks)), None)
+            if found:
+                phase = found
+                break
+        phases[phase] += count
+    phase_rows = [[name, f"{100 * n / total:.1f}%"] for name, n in phases.most_common()]
+    top_rows = [[frame[:95], f"{100 * n / total:.1f}%"] for frame, n in own.most_common(15)]
+    return phase_rows, top_rows, total
+
+
+def enqueue_profile(n: int = 2000) -> tuple[str, str]:
+    from django.db import transaction
+
+    from django_pgjobs import JobSpec, enqueue, enqueue_many
+
+    def single() -> None:
+        for i in range(n):
+            with transaction.atomic():
+                enqueue("bench.noop", {"n": i})
+
+    def bulk() -> None:
+        for _ in range(n // 1000 or 1):
+            with transaction.atomic():
+                enqueue_many([JobSpec.of("bench.noop", {"n": i}) for i in range(1000)])
+
+    texts = []
+    for action in (single, bulk):
+        profiler = cProfile.Profile()
+        profiler.runcall(action)
+        buffer = io.StringIO()
+        pstats.Stats(profiler, stream=buffer).sort_stats("tottime").print_stats(14)
+        texts.append(buffer.getvalue())
+    return texts[0], texts[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=20000)
+    args = parser.parse_args()
+    from bench.report import _table
+
+    harness.recreate_database(DATABASE)
+    harness.manage(DATABASE, "migrate", "--verbosity", "0")
+    os.environ.update({k: v for k, v in harness.child_env(DATABASE).items()
+                       if k.startswith(("BENCH_", "DJANGO_"))})
+    import django
+
+    django.setup()
+    print("Round trips (ReadyForQuery messages) and protocol messages sent")
+    print(_table(["operation", "round trips", "messages sent"], round_trips()))
+    out = harness.ROOT / "bench" / "results" / "worker-profile.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    phases, top, total = worker_profile(args.jobs, out)
+    print(f"\nWorker CPU by phase ({total} py-spy samples of busy threads, {args.jobs} jobs)")
+    print(_table(["phase", "share of samples"], phases))
+    print("\nWorker functions by own time")
+    print(_table(["function (file:line)", "share"], top))
+    harness.measure("pgjobs", "reset", DATABASE)
+    single, bulk = enqueue_profile()
+    print("\nenqueue() x 2000, one per transaction: cProfile by own time\n" + single)
+    print("enqueue_many() x 1000 jobs: cProfile by own time\n" + bulk)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Turn a results dictionary into the tables and target checks the runner prints.
+
+Targets are reported, never enforced: the machine is shared and the figures are noisy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+HEADLINE = (4, 1, 10)  # pgjobs processes, threads, batch compared with the peers
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = ["| " + " | ".join(c.rjust(w) if i else c.ljust(w)
+                              for i, (c, w) in enumerate(zip(r, widths, strict=True))) + " |"
+            for r in rows]
+    return "\n".join([line, rule, *body])
+
+
+def _target(label: str, value: float | None, goal: str, met: bool | None) -> list[str]:
+    verdict = "n/a" if met is None else ("met" if met else "NOT met")
+    return [label, _fmt(value, 2), goal, verdict]
+
+
+def headline_drain(drain: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for row in drain:
+        if row["system"] == "pgjobs" and (row["processes"], row["concurrency"],
+                                          row["batch"]) == HEADLINE:
+            return row
+    return None
+
+
+def floor_for(drain: list[dict[str, Any]], clients: int, batch: int) -> dict[str, Any] | None:
+    return next((r for r in drain if r["system"] == "pgbench floor"
+                 and r["processes"] == clients and r["batch"] == batch), None)
+
+
+def render(results: dict[str, Any]) -> str:
+    out: list[str] = []
+    m = results["machine"]
+    out.append(f"machine: {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, "
+               f"PostgreSQL {m['postgresql']}, Python {m['python']}, commit {m['commit']}")
+    out.append("versions: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v))
+    if results.get("quick"):
+        out.append("QUICK RUN: small sizes, figures only check the runner")
+    targets: list[list[str]] = []
+
+    enqueue = results.get("enqueue")
+    if enqueue:
+        single, bulk = enqueue["single_per_s"], enqueue["bulk_per_s"]
+        rows = []
+        for name in ("pgjobs", "orm_create", "orm_bulk_create", "django-tasks-db",
+                     "procrastinate", "pgqueuer", "floor"):
+            if name in single or name in bulk:
+                rows.append([name, _fmt(single.get(name)), _fmt(bulk.get(name)),
+                             _fmt(single["pgjobs"] / single[name], 2) if name in single else "",
+                             _fmt(bulk["pgjobs"] / bulk[name], 2) if name in bulk else ""])
+        out += ["", "Enqueue (jobs/s, one client; single = one job per transaction, "
+                f"bulk = {enqueue['bulk_chunk']} per transaction)",
+                _table(["system", "single/s", "bulk/s", "pgjobs ÷ it (single)",
+                        "pgjobs ÷ it (bulk)"], rows)]
+        ratio = single["orm_create"] / single["pgjobs"]
+        targets.append(_target("single enqueue time ÷ bare objects.create()", ratio, "<= 1.2",
+                               ratio <= 1.2))
+        if "pgqueuer" in bulk:
+            ratio = bulk["pgjobs"] / bulk["pgqueuer"]
+            targets.append(_target("bulk enqueue ÷ PgQueuer's", ratio, ">= 1.0", ratio >= 1.0))
+
+    drain = results.get("drain")
+    if drain:
+        rows = []
+        for r in drain:
+            base = ""
+            if r["system"] == "pgjobs":
+                f = floor_for(drain, r["processes"] * r["concurrency"], r["batch"])
+                base = _fmt(r["jobs_per_s"] / f["jobs_per_s"], 2) if f else ""
+            rows.append([r["system"], str(r["processes"]), str(r["concurrency"]), str(r["batch"]),
+                         _fmt(r["jobs_per_s"]), base, _fmt(r["cpu_us_per_job"]),
+                         _fmt(r["max_rss_mb"], 1), "" if r["complete"] else "incomplete"])
+        out += ["", "Drain (no-op jobs, steady state between 5% and 95% done)",
+                _table(["system", "processes", "threads", "batch", "jobs/s", "÷ floor",
+                        "worker CPU µs/job", "worker RSS MB", ""], rows)]
+        head = headline_drain(drain)
+        if head:
+            ratios = []
+            for r in drain:
+                if r["system"] not in ("pgjobs", "pgbench floor"):
+                    ratios.append([r["system"], _fmt(head["jobs_per_s"] / r["jobs_per_s"], 2)])
+            f = floor_for(drain, HEADLINE[0] * HEADLINE[1], HEADLINE[2])
+            if f:
+                ratios.append(["pgbench floor (same shape)",
+                               _fmt(head["jobs_per_s"] / f["jobs_per_s"], 2)])
+            out += ["", "pgjobs drain (4 processes, batch 10) ÷ each", _table(["vs", "ratio"],
+                                                                              ratios)]
+            pgq = next((r for r in drain if r["system"] == "pgqueuer"), None)
+            if pgq:
+                ratio = head["jobs_per_s"] / pgq["jobs_per_s"]
+                targets.append(_target("drain ÷ PgQueuer's (batch 10)", ratio, ">= 1.5",
+                                       ratio >= 1.5))
+            if f:
+                ratio = head["jobs_per_s"] / f["jobs_per_s"]
+                targets.append(_target("drain ÷ pgbench floor (batch 10)", ratio, ">= 0.6",
+                                       ratio >= 0.6))
+
+    pickup = results.get("pickup")
+    if pickup:
+        rows = [[name, _fmt(p["p50_ms"], 1), _fmt(p["p99_ms"], 1), _fmt(p["max_ms"], 1),
+                 str(p["samples"]), str(p["missed"])] for name, p in pickup.items()]
+        out += ["", "Pickup latency (idle worker, ms from the enqueue's commit to handler start)",
+                _table(["system", "p50 ms", "p99 ms", "max ms", "samples", "missed"], rows)]
+        if "pgjobs" in pickup:
+            p50 = pickup["pgjobs"]["p50_ms"]
+            targets.append(_target("pickup p50 (ms)", p50, "<= 3", p50 <= 3))
+
+    history = results.get("history")
+    if history:
+        sizes = history["sizes"]
+        rows = [[f"{s['finished_rows']:,}", _fmt(s["p50_ms"], 2), _fmt(s["p99_ms"], 2),
+                 _fmt(s["mean_ms"], 2)] for s in sizes]
+        out += ["", f"Claim latency versus finished history (batch {history['batch']}, "
+                f"{history['ready']:,} ready jobs)",
+                _table(["finished rows", "p50 ms", "p99 ms", "mean ms"], rows)]
+        if len(sizes) > 1:
+            ratio = sizes[-1]["p50_ms"] / sizes[0]["p50_ms"]
+            targets.append(_target(
+                f"claim p50 at {sizes[-1]['finished_rows']:,} ÷ at {sizes[0]['finished_rows']:,}",
+                ratio, "<= 1.3", ratio <= 1.3))
+
+    if targets:
+        out += ["", "Targets for this machine (reported, not enforced)",
+                _table(["figure", "value", "target", ""], targets)]
+    return "\n".join(out)

@@ -1,0 +1,194 @@
+"""Soak: a sustained enqueue and claim load for minutes, watching the table age.
+
+``python -m bench.soak [--minutes 3] [--rate 500]``: worker processes drain a steady stream of
+no-op jobs while the workers' own prune step deletes finished jobs past a short retention. Every
+sample prints dead tuples, table and index sizes, the ready backlog and the claim latency (a
+probe claims batches of 10 from its own queue), then a summary compares the last third of the
+run with the first: the figures should stay flat, not grow with the history that went by.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+from bench.report import _fmt, _table
+
+DATABASE = "bench_soak"
+TABLES = ("pgjobs_job", "pgjobs_attempt")
+
+
+def _stats_sql() -> str:
+    return (
+        "SELECT relname, n_live_tup, n_dead_tup, pg_relation_size(relid), pg_indexes_size(relid),"
+        " pg_total_relation_size(relid), autovacuum_count FROM pg_stat_user_tables"
+        " WHERE relname = ANY(%s)"
+    )
+
+
+class Producer(threading.Thread):
+    """Enqueue ``rate`` jobs a second in batches every tenth of a second, until stopped."""
+
+    def __init__(self, rate: int) -> None:
+        super().__init__(daemon=True)
+        self.rate = rate
+        self.enqueued = 0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        from django.db import connections, transaction
+
+        from django_pgjobs import JobSpec, enqueue_many
+
+        per_tick = max(1, self.rate // 10)
+        next_tick = time.monotonic()
+        try:
+            while not self.stopping.is_set():
+                with transaction.atomic():
+                    enqueue_many([JobSpec.of("bench.noop", {"n": self.enqueued + i})
+                                  for i in range(per_tick)])
+                self.enqueued += per_tick
+                next_tick += 0.1
+                self.stopping.wait(max(0.0, next_tick - time.monotonic()))
+        finally:
+            connections.close_all()
+
+
+def probe_claims(batches: int = 10, batch: int = 10) -> list[float]:
+    """Claim ``batches`` batches from the probe queue and settle them; ms per claim."""
+    from django.db import transaction
+
+    from django_pgjobs import JobSpec, enqueue_many
+    from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
+    from django_pgjobs.transitions import Outcome, claim_jobs, settle
+
+    with transaction.atomic():
+        enqueue_many([JobSpec.of("bench.noop", {"n": i}, queue="probe")
+                      for i in range(batches * batch)])
+    worker = f"soak-probe-{uuid.uuid4().hex[:6]}"
+    timings = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        jobs = claim_jobs(worker, "probe", batch)
+        timings.append((time.perf_counter() - start) * 1000)
+        settle([Outcome(j.id, j.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
+                        terminal_reason=TerminalReason.SUCCEEDED, result_json="null")
+                for j in jobs])
+    return timings
+
+
+def sample(elapsed: float, producer: Producer) -> dict[str, Any]:
+    from django.db import connection
+
+    claims = probe_claims()
+    with connection.cursor() as cursor:
+        cursor.execute(_stats_sql(), [list(TABLES)])
+        tables = {row[0]: row[1:] for row in cursor.fetchall()}
+        cursor.execute("SELECT count(*) FILTER (WHERE status = 'ready'), "
+                       "count(*) FILTER (WHERE status = 'succeeded') FROM pgjobs_job")
+        ready, finished = cursor.fetchone()
+    job, attempt = tables["pgjobs_job"], tables["pgjobs_attempt"]
+    return {
+        "t": round(elapsed), "enqueued": producer.enqueued, "ready": ready, "finished": finished,
+        "job_live": job[0], "job_dead": job[1], "job_table_mb": job[2] / 2**20,
+        "job_index_mb": job[3] / 2**20, "job_total_mb": job[4] / 2**20,
+        "job_autovacuums": job[5], "attempt_dead": attempt[1],
+        "attempt_total_mb": attempt[4] / 2**20,
+        "claim_p50_ms": harness.percentile(claims, 50),
+        "claim_max_ms": max(claims),
+    }
+
+
+def _row(s: dict[str, Any]) -> list[str]:
+    return [str(s["t"]), f"{s['enqueued']:,}", f"{s['ready']:,}", f"{s['finished']:,}",
+            f"{s['job_dead']:,}", _fmt(s["job_table_mb"], 1), _fmt(s["job_index_mb"], 1),
+            _fmt(s["attempt_total_mb"], 1), str(s["job_autovacuums"]),
+            _fmt(s["claim_p50_ms"], 2), _fmt(s["claim_max_ms"], 2)]
+
+
+HEADERS = ["s", "enqueued", "ready", "finished rows", "job dead tuples", "job table MB",
+           "job indexes MB", "attempt total MB", "autovacuums", "claim p50 ms", "claim max ms"]
+
+
+def summary(samples: list[dict[str, Any]]) -> str:
+    """Compare the averages of the last third of the samples with the first third."""
+    third = max(1, len(samples) // 3)
+    first, last = samples[:third], samples[-third:]
+    rows = []
+    for key, label in (("job_total_mb", "job table + indexes MB"),
+                       ("attempt_total_mb", "attempt table + indexes MB"),
+                       ("job_dead", "job dead tuples"), ("finished", "finished rows kept"),
+                       ("claim_p50_ms", "claim p50 ms")):
+        a = sum(s[key] for s in first) / len(first)
+        b = sum(s[key] for s in last) / len(last)
+        rows.append([label, _fmt(a, 2), _fmt(b, 2), _fmt(b / a, 2) if a else "n/a"])
+    return _table(["figure", "first third", "last third", "last ÷ first"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--rate", type=int, default=500, help="jobs enqueued per second")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--sample-seconds", type=float, default=15.0)
+    parser.add_argument("--retention-seconds", type=float, default=30.0,
+                        help="retention of finished jobs for the workers' prune step")
+    parser.add_argument("--prune-interval", type=float, default=5.0)
+    parser.add_argument("--output", type=Path,
+                        default=harness.ROOT / "bench" / "results" / "soak.json")
+    args = parser.parse_args()
+
+    harness.recreate_database(DATABASE)
+    harness.manage(DATABASE, "migrate", "--verbosity", "0")
+    overrides = {
+        "PGJOBS_RETENTION_SECONDS": dict.fromkeys(("succeeded", "cancelled", "dead"),
+                                                  args.retention_seconds),
+        "PGJOBS_PRUNE_INTERVAL_SECONDS": args.prune_interval,
+    }
+    env = harness.child_env(DATABASE, BENCH_PGJOBS_SETTINGS=json.dumps(overrides))
+    os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "BENCH_DB_NAME",
+                                           "BENCH_DATABASE_URL", "BENCH_PGJOBS_SETTINGS")})
+    import django
+
+    django.setup()
+
+    print(f"soak: {args.minutes} min, {args.rate} jobs/s, {args.workers} worker processes, "
+          f"retention {args.retention_seconds} s, prune every {args.prune_interval} s",
+          file=sys.stderr)
+    command = [harness.PYTHON, harness.MANAGE, "pgjobs_worker", "--queue", "default",
+               "--log-level", "WARNING"]
+    workers = harness.Workers.start([command] * args.workers, env,
+                                    harness.ROOT / "bench" / "results" / "logs" / "soak.log")
+    producer = Producer(args.rate)
+    samples: list[dict[str, Any]] = []
+    start = time.monotonic()
+    producer.start()
+    print(" | ".join(HEADERS))
+    try:
+        while (elapsed := time.monotonic() - start) < args.minutes * 60:
+            time.sleep(min(args.sample_seconds, max(0.0, args.minutes * 60 - elapsed)))
+            samples.append(sample(time.monotonic() - start, producer))
+            print(" | ".join(_row(samples[-1])), flush=True)
+    finally:
+        producer.stopping.set()
+        producer.join(10)
+        workers.stop()
+    print()
+    print(_table(HEADERS, [_row(s) for s in samples]))
+    print()
+    print(summary(samples))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"args": vars(args) | {"output": str(args.output)},
+                                       "samples": samples}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The systems under test: where each keeps its jobs and how its workers are started."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench import harness
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    database: str
+    remaining_sql: str
+
+    def worker_command(
+        self, *, burst: bool, concurrency: int = 1, batch: int = 10
+    ) -> list[str]:
+        py, manage = harness.PYTHON, harness.MANAGE
+        if self.name == "pgjobs":
+            return [py, manage, "pgjobs_worker", "--concurrency", str(concurrency),
+                    "--batch-size", str(batch), "--log-level", "WARNING",
+                    *(["--burst"] if burst else [])]
+        if self.name == "django-tasks-db":
+            return [py, manage, "db_worker", "--no-startup-delay", "--no-reload",
+                    *(["--batch"] if burst else [])]
+        if self.name == "procrastinate":
+            return [py, "-m", "bench.peers.procrastinate_app", "--concurrency", str(concurrency),
+                    *(["--burst"] if burst else [])]
+        if self.name == "pgqueuer":
+            return [py, "-m", "bench.peers.pgqueuer_peer", "--dsn", harness.dsn(self.database),
+                    "--batch-size", str(batch), *(["--burst"] if burst else [])]
+        raise ValueError(f"no worker for {self.name}")
+
+
+PGJOBS = System(
+    "pgjobs", "bench_pgjobs",
+    "SELECT count(*) FROM pgjobs_job WHERE status IN ('ready', 'running')",
+)
+DJANGO_TASKS_DB = System(
+    "django-tasks-db", "bench_dtd",
+    "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING')",
+)
+PROCRASTINATE = System(
+    "procrastinate", "bench_proc",
+    "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+)
+PGQUEUER = System("pgqueuer", "bench_pgq", "SELECT count(*) FROM pgqueuer")
+FLOOR_DATABASE = "bench_floor"
+
+PEERS = [DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER]
+ALL = [PGJOBS, *PEERS]
