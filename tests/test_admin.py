@@ -542,3 +542,53 @@ def test_the_dashboard_renders_the_queues_against_their_backlog_policy(login: An
     assert '<svg xmlns="http://www.w3.org/2000/svg" id="pgjobs-throughput"' in html
     assert "too old" in html
     assert response.context["snapshot"].leases.expired == 1
+
+
+# --- operator transitions called from code ------------------------------------------------------
+
+
+def test_a_transition_called_from_code_is_audited_without_a_user() -> None:
+    from django_pgjobs.transitions import Actor, cancel_jobs, dead_letter_jobs
+
+    ready = JobFactory()
+    assert cancel_jobs([ready.pk, ready.pk]) == (1, 0)
+    with pytest.raises(ValueError, match="needs a reason"):
+        dead_letter_jobs([JobFactory().pk], " ", actor=Actor("script"))
+    audit = OperatorAction.objects.get()
+    assert (audit.actor, audit.actor_name, audit.job_ids, audit.selected) == (
+        None, "", [ready.pk], 1)
+
+
+def test_replay_refuses_a_job_that_is_not_finished() -> None:
+    from django_pgjobs.transitions import KEEP_KEY, replay_job
+
+    running = JobFactory(running=True, idempotency_key="k")
+    with pytest.raises(ValueError, match="is not finished"):
+        replay_job(running, idempotency_key=KEEP_KEY)
+    assert Job.objects.count() == 1 and OperatorAction.objects.count() == 0
+    assert Job.objects.get().idempotency_key == "k"
+
+
+def test_keeping_the_key_of_an_unkeyed_job_replays_it_without_one() -> None:
+    from django_pgjobs.transitions import KEEP_KEY, replay_job
+
+    original = JobFactory(dead=True)
+    replay = replay_job(original, idempotency_key=KEEP_KEY)
+    assert (replay.idempotency_key, replay.status, replay.pk != original.pk) == (
+        None, JobStatus.READY, True)
+    assert OperatorAction.objects.get().detail["key_moved"] is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retried_jobs_wake_listening_workers_when_the_action_commits(
+    other_connection: Any,
+) -> None:
+    from django_pgjobs.transitions import retry_jobs
+
+    dead = JobFactory(dead=True, queue="mail")
+    JobFactory(dead=True, queue="mail")
+    other_connection.cursor().execute("LISTEN pgjobs")
+    assert retry_jobs(list(Job.objects.values_list("id", flat=True))) == 2
+    notes = list(other_connection.connection.notifies(timeout=5, stop_after=1))
+    assert [(n.channel, n.payload) for n in notes] == [("pgjobs", "mail")]
+    assert status(dead) == JobStatus.READY
