@@ -6,6 +6,7 @@ import json
 import time
 import traceback
 from datetime import datetime, timedelta
+from typing import Any
 
 from .conf import settings
 from .context import ClaimedJob, JobContext
@@ -56,10 +57,15 @@ def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
         return _failed(job, started, failure_class, _describe(exc), tb, hint)
     try:
         result_json = json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         # The side effects already happened and a retry would fail the same way.
         return _failed(job, started, FailureClass.PERMANENT,
                        f"handler returned a value that is not JSON: {_describe(exc)}", "")
+    if _holds_nul(result):
+        # Valid JSON that jsonb refuses: it would fail the settlement of the worker's whole batch.
+        return _failed(job, started, FailureClass.PERMANENT,
+                       "handler returned a value with a NUL character, which PostgreSQL cannot "
+                       "store", "")
     return Outcome(
         job.id, job.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
         terminal_reason=TerminalReason.SUCCEEDED, result_json=result_json,
@@ -85,7 +91,8 @@ def _failed(
         AttemptOutcome.DEAD if decision.status == JobStatus.DEAD else AttemptOutcome.FAILED,
         delay_seconds=decision.delay_seconds, attempts_delta=decision.attempts_delta,
         failure_class=failure_class.value, terminal_reason=decision.terminal_reason,
-        error=error[:ERROR_MAX_CHARS], traceback=tb, duration_ms=_ms(started), task=job.task,
+        error=_storable(error)[:ERROR_MAX_CHARS], traceback=_storable(tb),
+        duration_ms=_ms(started), task=job.task,
         attempt=job.attempt, trace_id=job.trace_id,
     )
 
@@ -121,8 +128,26 @@ def _describe(exc: BaseException) -> str:
     name = kind.__qualname__
     if kind.__module__ != "builtins":
         name = f"{kind.__module__}.{name}"
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # an exception that cannot describe itself is still recorded
+        text = "<exception str() failed>"
     return f"{name}: {text}" if text else name
+
+
+def _storable(text: str) -> str:
+    """``text`` with NUL characters spelled out: PostgreSQL text cannot hold them."""
+    return text.replace("\x00", "\\x00")
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 def _ms(started: float) -> int:

@@ -132,7 +132,9 @@ class Settler(threading.Thread):
         with self._cond:
             self._pending.append(outcome)
             if self._oldest is None:
+                # An idle settler sleeps up to a second: wake it to time this batch's flush.
                 self._oldest = time.monotonic()
+                self._cond.notify()
             if len(self._pending) >= self.worker.settle_batch:
                 self._cond.notify()
 

@@ -59,20 +59,22 @@ WITH reported AS (
         updated_at = now()
     FROM reported AS r
     WHERE j.id = r.id AND j.lease_token = r.token AND j.status = 'running'
-    RETURNING j.id
+    RETURNING r.token
 )
+-- Matched on the token, not the job: one batch can hold a stale report and the winning report
+-- for the same job (a handler ran past its lease and the retry finished before the flush).
 UPDATE pgjobs_attempt AS a
 SET finished_at = now(),
-    outcome = CASE WHEN s.id IS NULL THEN 'lost' ELSE r.attempt_outcome END,
+    outcome = CASE WHEN s.token IS NULL THEN 'lost' ELSE r.attempt_outcome END,
     reported_outcome = r.attempt_outcome,
     failure_class = r.failure_class,
     error = r.error,
     traceback = r.traceback,
     duration_ms = r.duration_ms
 FROM reported AS r
-LEFT JOIN settled AS s ON s.id = r.id
+LEFT JOIN settled AS s ON s.token = r.token
 WHERE a.lease_token = r.token
-RETURNING r.token, s.id IS NOT NULL
+RETURNING r.token, s.token IS NOT NULL
 
 -- name: extend_leases
 UPDATE pgjobs_job AS j

@@ -1,0 +1,1 @@
+"""The multi-worker failure harness: real workers, real faults, checked invariants."""

@@ -1,0 +1,73 @@
+"""Faults the harness found in the core, pinned with a direct test each."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.db.models.functions import Now
+
+import django_pgjobs
+from django_pgjobs.models import Attempt, Job
+from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
+from django_pgjobs.transitions import (
+    Outcome,
+    claim_jobs,
+    promote_due_jobs,
+    rescue_expired_leases,
+    settle,
+)
+from django_pgjobs.worker import Worker
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def succeeded(job_id: int, token, value: str) -> Outcome:
+    return Outcome(job_id, token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
+                   terminal_reason=TerminalReason.SUCCEEDED, result_json=f'"{value}"')
+
+
+def test_a_stale_report_settled_in_one_batch_with_the_winning_report_is_recorded_lost():
+    # A worker can hold both reports at once: its handler ran past the lease, the job was
+    # rescued, and the retry was claimed and finished before the settler's next flush.
+    job = django_pgjobs.enqueue("tests.ok", {})
+    [stale] = claim_jobs("slow-worker", "default", 1)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+    assert len(rescue_expired_leases(10)) == 1
+    Job.objects.filter(pk=job.pk).update(run_at=Now())
+    promote_due_jobs(10)
+    [current] = claim_jobs("fast-worker", "default", 1)
+
+    won = settle([succeeded(job.pk, stale.lease_token, "stale"),
+                  succeeded(job.pk, current.lease_token, "current")])
+
+    assert won == {stale.lease_token: False, current.lease_token: True}
+    assert list(Attempt.objects.filter(job_id=job.pk).order_by("id").values_list(
+        "worker_id", "outcome", "reported_outcome")) == [
+        ("slow-worker", AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED),
+        ("fast-worker", AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED),
+    ]
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.status, stored.result) == (JobStatus.SUCCEEDED, "current")
+
+
+def test_an_idle_settler_flushes_a_new_outcome_within_the_flush_interval():
+    # An idle settler sleeps up to a second between looks at its queue; a new outcome must wake
+    # it, or a job that finishes near the end of its lease is rescued before its report lands
+    # (seen in the harness as a disconnected worker's failure recorded 'lost'). The flush
+    # interval is 0.05 s; a sleeping settler takes most of a second.
+    job = django_pgjobs.enqueue("tests.ok", {})
+    worker = Worker(install_signals=False, poll_interval=0.05)
+    settler = worker._settler
+    settler.start()
+    try:
+        time.sleep(0.1)  # the settler is now in its idle wait
+        [claimed] = claim_jobs("w", "default", 1)
+        put_at = time.monotonic()
+        settler.put(succeeded(job.pk, claimed.lease_token, "done"))
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED, 5, 0.01)
+        assert time.monotonic() - put_at < 0.5
+    finally:
+        settler.stop(5)
