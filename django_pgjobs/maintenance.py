@@ -36,7 +36,8 @@ logger = logging.getLogger("django_pgjobs.maintenance")
 BATCHES_PER_RUN = 20
 # While a queue's backlog stays over the policy, the warning repeats this often.
 BACKLOG_REMIND_SECONDS = 300.0
-_KEYSET_START = (datetime(1, 1, 1, tzinfo=UTC), 0)
+# The (run_at, id) keyset position before every job.
+AGING_KEYSET_START = (datetime(1, 1, 1, tzinfo=UTC), 0)
 
 
 @dataclass
@@ -140,7 +141,7 @@ def age_priorities(using: str = DEFAULT_DB_ALIAS, *, policy: AgingPolicy | None 
     raised = 0
     for queue in ready_queues(using=using):
         for level in _levels_below_cap(queue, policy.cap, using):
-            after = _KEYSET_START
+            after = AGING_KEYSET_START
             while budget > 0:
                 limit = min(policy.batch, budget)
                 batch = raise_waiting_priorities(

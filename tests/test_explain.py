@@ -1,0 +1,197 @@
+"""Plans of the hot queries on small and on realistic history, and the pgjobs_explain command.
+
+The small-history tests come first: the large history is built once, by a module fixture, when
+the first test that needs it runs, and removed after the last test of this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from django_pgjobs.explain import HOT_QUERIES, explain
+from django_pgjobs.models import Attempt, Job
+from django_pgjobs.transitions import claim_jobs
+from tests.history import build_history, clear_history
+
+pytestmark = pytest.mark.django_db
+
+FINISHED = 1_000_000
+READY = 100_000
+QUEUES = 8
+
+
+def run_explain(*args: str) -> str:
+    out = StringIO()
+    call_command("pgjobs_explain", *args, stdout=out)
+    return out.getvalue()
+
+
+def explain_failure(*args: str) -> tuple[str, str]:
+    out = StringIO()
+    with pytest.raises(CommandError) as failure:
+        call_command("pgjobs_explain", *args, stdout=out)
+    return str(failure.value), out.getvalue()
+
+
+def node_types(report) -> list[str]:
+    return [node["Node Type"] for node in report.nodes()]
+
+
+# --- small history ------------------------------------------------------------------------------
+
+
+def test_every_hot_query_passes_on_a_small_table() -> None:
+    with connection.cursor() as cursor:
+        build_history(cursor, finished=500, ready=100, queues=4, scheduled=20, retrying=10,
+                      due=10, running=20, receipts=100)
+    output = run_explain("--queue", "q1", "--query", "all")
+    assert output.count("\nOK\n") == len(HOT_QUERIES)
+    assert "PROBLEM" not in output
+    # The claim reads its batch through the claim index even when the table is tiny.
+    assert "Index Scan using pgjobs_job_claim_idx on pgjobs_job (actual rows=10 loops=1)" in output
+    assert "note: pgjobs_attempt, pgjobs_job, pgjobs_receipt hold at most 10000 rows" in output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch-size", "0"], "must be from 1 to 100000, got 0"),
+        (["--batch-size", "ten"], "'ten' is not a whole number"),
+        (["--query", "vacuum"], "invalid choice: 'vacuum'"),
+        (["--max-rows-factor", "0.5"], "must be at least 1, got 0.5"),
+        (["--queue", ""], "a queue name has 1 to 64 characters"),
+        (["--database", "elsewhere"], "unknown database alias 'elsewhere'"),
+    ],
+)
+def test_bad_flags_exit_with_a_clear_message(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("pgjobs_explain", *args, stdout=StringIO())
+
+
+# --- realistic history --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def history(django_db_setup: None, django_db_blocker) -> Iterator[None]:
+    """One million finished jobs, 100k ready ones across queues and priorities; ANALYZEd."""
+    with django_db_blocker.unblock():
+        with transaction.atomic(), connection.cursor() as cursor:
+            build_history(cursor, finished=FINISHED, ready=READY, queues=QUEUES)
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                clear_history(cursor)
+
+
+@pytest.mark.slow
+def test_the_history_is_as_large_as_the_plans_claim(history: None) -> None:
+    assert Job.objects.filter(status__in=["succeeded", "dead", "cancelled"]).count() == FINISHED
+    assert Job.objects.filter(status="ready").count() == READY
+    assert Job.objects.filter(status="ready").values("queue").distinct().count() == QUEUES
+    assert Job.objects.filter(status="ready").values("priority").distinct().count() == 5
+    assert Attempt.objects.count() >= FINISHED
+
+
+@pytest.mark.slow
+def test_the_claim_reads_its_batch_through_the_claim_index_and_nothing_else(
+    history: None,
+) -> None:
+    report = explain("claim", queue="q3", batch=10)
+    assert report.ok, report.render()
+    [scan] = [n for n in report.nodes() if n.get("Index Name") == "pgjobs_job_claim_idx"]
+    assert (scan["Node Type"], scan["Actual Rows"], scan["Actual Loops"]) == ("Index Scan", 10, 1)
+    assert scan["Index Cond"] == "((queue)::text = 'q3'::text)"
+    assert "Seq Scan" not in node_types(report)
+    assert not [t for t in node_types(report) if t.startswith("Bitmap")]
+    # The candidates through the claim index, then each one again by primary key to update it.
+    assert (report.rows_via_index, report.rows_read) == (10, 20)
+
+
+@pytest.mark.slow
+def test_every_hot_query_reads_about_its_batch_on_large_history(history: None) -> None:
+    reports = {name: explain(name, queue="q3", batch=10) for name in HOT_QUERIES}
+    for report in reports.values():
+        assert report.ok, report.render()
+        assert "Seq Scan" not in node_types(report), report.render()
+    assert {name: r.rows_read for name, r in reports.items()} == {
+        "claim": 20,  # 10 candidates + 10 by primary key
+        "promote": 20,
+        "rescue": 10,
+        "ready_queues": QUEUES + 1,  # one probe per queue and one that finds none
+        "settle": 20,  # 10 jobs by primary key + 10 attempts by lease token
+        "aging": 20,
+        "prune": 30,  # 10 finished jobs, their 10 attempts, the 10 rows deleted
+    }
+    used = {name: {n.get("Index Name") for n in r.nodes()} for name, r in reports.items()}
+    assert "pgjobs_attempt_lease_token_key" in used["settle"]
+    assert any((i or "").startswith("pgjobs_attempt_job_id") for i in used["prune"])
+
+
+@pytest.mark.slow
+def test_the_command_explains_the_exact_claim_statement_and_leaves_nothing_behind(
+    history: None,
+) -> None:
+    before = (Job.objects.filter(status="ready").count(), Attempt.objects.count())
+    with CaptureQueriesContext(connection) as explained:
+        output = run_explain("--queue", "q3", "--batch-size", "10")
+    assert (Job.objects.filter(status="ready").count(), Attempt.objects.count()) == before
+
+    with transaction.atomic(), CaptureQueriesContext(connection) as claimed:
+        claim_jobs("pgjobs-explain", "q3", 10)
+        transaction.set_rollback(True)
+    [claim_sql] = [q["sql"] for q in claimed.captured_queries if "WITH candidates" in q["sql"]]
+    assert [q["sql"] for q in explained.captured_queries if "WITH candidates" in q["sql"]] == [
+        claim_sql]
+
+    assert "-> Index Scan using pgjobs_job_claim_idx on pgjobs_job (actual rows=10 loops=1)" in (
+        output)
+    assert "rows read: 20, of them 20 from tables over 10000 rows (budget 80 for a batch of 10)" \
+        in output
+    assert output.rstrip().endswith("OK")
+
+
+@pytest.mark.slow
+def test_the_command_fails_when_the_claim_does_not_use_the_claim_index(history: None) -> None:
+    with connection.cursor() as cursor:
+        for switch in ("indexscan", "indexonlyscan", "bitmapscan"):
+            cursor.execute(f"SET LOCAL enable_{switch} = off")
+    message, output = explain_failure("--queue", "q3")
+    assert message == "plan check failed for: claim"
+    assert "PROBLEM: does not read pgjobs_job_claim_idx with an index scan (reads: Seq Scan " \
+           "on pgjobs_job" in output
+    assert "PROBLEM: sequential scan of pgjobs_job" in output
+
+
+@pytest.mark.slow
+def test_the_command_fails_when_the_claim_reads_far_more_rows_than_its_batch(
+    history: None,
+) -> None:
+    # Another session holds the first 100 candidates, so the claim reads past them.
+    holder = connections.create_connection("default")
+    try:
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM pgjobs_job WHERE status = 'ready' AND queue = 'q3' "
+                "ORDER BY priority DESC, run_at, id LIMIT 100 FOR UPDATE"
+            )
+            assert len(cursor.fetchall()) == 100
+        message, output = explain_failure("--queue", "q3", "--batch-size", "10")
+        # The same contention fits the budget of a larger factor.
+        lenient = run_explain("--queue", "q3", "--batch-size", "10", "--max-rows-factor", "10")
+    finally:
+        holder.rollback()
+        holder.close()
+    assert message == "plan check failed for: claim"
+    assert "PROBLEM: reads 120 rows for a batch of 10, more than 80 (4 x 2 per row)" in output
+    assert "does not read" not in output
+    assert "rows read: 120, of them 120 from tables over 10000 rows (budget 200" in lenient
+    assert lenient.rstrip().endswith("OK")
