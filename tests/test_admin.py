@@ -399,6 +399,28 @@ def test_export_is_redacted_like_the_list(login: Any) -> None:
     ]
 
 
+def test_attempt_receipt_and_audit_pages_are_redacted_and_read_only(login: Any) -> None:
+    client = login("view_job", "view_attempt", "view_idempotencyreceipt", "view_operatoraction")
+    j = JobFactory(task="tests.admin.charge", payload=secret_payload(), dead=True)
+    attempt = AttemptFactory(job=j, error=f"declined {SECRET_CARD}", outcome="dead")
+    receipt = ReceiptFactory(job=j, result={"charge": "ch_1", "api_key": "sk_live_9"})
+    from django_pgjobs.transitions import Actor, retry_jobs
+
+    retry_jobs([j.pk], actor=Actor("carol"), reason="retry after fix")
+    audit = OperatorAction.objects.get()
+
+    html = client.get(f"/admin/pgjobs/attempt/{attempt.pk}/change/").content.decode()
+    assert f"declined {REDACTED}" in html and SECRET_CARD not in html
+    html = client.get(f"/admin/pgjobs/idempotencyreceipt/{receipt.pk}/change/").content.decode()
+    assert "ch_1" in html and "sk_live_9" not in html
+    html = client.get(f"/admin/pgjobs/operatoraction/{audit.pk}/change/").content.decode()
+    assert "carol" in html and "retry after fix" in html and "&quot;retried&quot;" in html
+    found = client.get("/admin/pgjobs/idempotencyreceipt/", {"q": f"{receipt.scope}:{receipt.key}"})
+    assert [r.pk for r in found.context["cl"].result_list] == [receipt.pk]
+    job_page = client.get(f"{CHANGELIST}{j.pk}/change/").content.decode()
+    assert "retry by carol retry after fix" in job_page
+
+
 # --- list: columns, search, filters, queries ----------------------------------------------------
 
 
