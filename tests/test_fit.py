@@ -140,8 +140,13 @@ def test_fit_json_has_the_measurements_and_four_answers() -> None:
     data = json.loads(out.getvalue())
     assert data["measurements"]["backlog"] == 2
     assert data["measurements"]["payload_limit_bytes"] == 65536
-    assert [a["verdict"] for a in data["answers"]] == ["comfortable"] * 4
-    assert all(a["consider"] == "" for a in data["answers"])
+    answers = data["answers"]
+    assert [a["question"][:2] for a in answers] == ["1.", "2.", "3.", "4."]
+    # The first three depend on the jobs alone; the fourth also on the test database's churn.
+    assert [a["verdict"] for a in answers[:3]] == ["comfortable"] * 3
+    assert all(a["consider"] == "" for a in answers[:3])
+    assert answers[3]["verdict"] in {"comfortable", "watch", "outgrowing"}
+    assert (answers[3]["consider"] == "") == (answers[3]["verdict"] == "comfortable")
 
 
 def test_fit_refuses_a_bad_sample() -> None:
