@@ -107,7 +107,8 @@ def test_enqueue_many_is_one_statement_in_order() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda: django_pgjobs.enqueue("no.such.task", {}), UnknownTask, "unknown task 'no.such.task'"),
+        (lambda: django_pgjobs.enqueue("no.such.task", {}), UnknownTask,
+         "unknown task 'no.such.task'"),
         (lambda: django_pgjobs.enqueue("tests.ok", {"when": datetime(2026, 1, 1)}), PayloadNotJSON,
          "payload['when']: datetime is not JSON"),
         (lambda: django_pgjobs.enqueue("tests.ok", {"items": [1, {"x": {1, 2}}]}), PayloadNotJSON,
@@ -116,7 +117,8 @@ def test_enqueue_many_is_one_statement_in_order() -> None:
          "key 1 is a int, not a string"),
         (lambda: django_pgjobs.enqueue("tests.ok", {"x": float("nan")}), PayloadNotJSON,
          "not a finite number"),
-        (lambda: django_pgjobs.enqueue("tests.ok", ("a", "b")), PayloadNotJSON, "tuple is not JSON"),
+        (lambda: django_pgjobs.enqueue("tests.ok", ("a", "b")), PayloadNotJSON,
+         "tuple is not JSON"),
         (lambda: django_pgjobs.enqueue("tests.ok", {"blob": "x" * 70_000}), PayloadTooLarge,
          "enqueue a reference to it"),
         (lambda: django_pgjobs.enqueue("tests.ok", {}, run_at=datetime(2030, 1, 1)),

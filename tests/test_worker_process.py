@@ -47,7 +47,8 @@ def test_sigterm_drains_and_exits_zero_with_nothing_left_running(start_worker):
     assert worker.wait(60) == 0, worker.output()
     assert Job.objects.filter(status=JobStatus.RUNNING).count() == 0
     assert Attempt.objects.filter(outcome=AttemptOutcome.RUNNING).count() == 0
-    counts = {s: Job.objects.filter(status=s).count() for s in (JobStatus.SUCCEEDED, JobStatus.READY)}
+    counts = {s: Job.objects.filter(status=s).count()
+              for s in (JobStatus.SUCCEEDED, JobStatus.READY)}
     assert counts[JobStatus.SUCCEEDED] + counts[JobStatus.READY] == 30
     assert counts[JobStatus.READY] > 0  # it stopped before draining everything
     assert "worker.drain" in worker.output()
