@@ -36,12 +36,10 @@ INSTALLED_APPS = [
     "testproject.demo",
     "testproject.chaos",
 ]
-try:  # Django < 6: django.tasks comes from the django-tasks backport, an app of its own
-    import django_tasks  # noqa: F401
-
+try:
+    import django.tasks  # noqa: F401  (Django 6+)
+except ImportError:  # Django < 6: django.tasks comes from the django-tasks backport, an app
     INSTALLED_APPS.append("django_tasks")
-except ImportError:
-    pass
 
 # @task functions (django.tasks) run as django-pgjobs jobs; QUEUES [] accepts any queue name.
 TASKS = {
