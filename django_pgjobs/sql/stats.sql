@@ -107,13 +107,18 @@ WHERE status = 'running' AND lease_expires_at < now() + make_interval(secs => %s
 
 -- name: stats_failures
 -- Failed attempts only, through the partial index on failed attempts: successes, the bulk of
--- the window, are never read.
-SELECT a.failure_class, j.task, count(*)
-FROM pgjobs_attempt AS a
-JOIN pgjobs_job AS j ON j.id = a.job_id
-WHERE a.failure_class <> '' AND a.claimed_at >= now() - make_interval(secs => %s)
-GROUP BY a.failure_class, j.task
-ORDER BY count(*) DESC, a.failure_class, j.task
+-- the window, are never read. MATERIALIZED plans the attempt scan on its own; joined in one
+-- plan, the planner would rather split the job lookups across parallel workers and feed them
+-- from a parallel scan of every attempt in the window.
+WITH failed AS MATERIALIZED (
+    SELECT job_id, failure_class FROM pgjobs_attempt
+    WHERE failure_class <> '' AND claimed_at >= now() - make_interval(secs => %s)
+)
+SELECT f.failure_class, j.task, count(*)
+FROM failed AS f
+JOIN pgjobs_job AS j ON j.id = f.job_id
+GROUP BY f.failure_class, j.task
+ORDER BY count(*) DESC, f.failure_class, j.task
 
 -- name: stats_throughput
 -- Jobs finished per minute, counted from the finished index alone (status, finished_at).
