@@ -33,6 +33,15 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy django_pgjobs
 	$(MANAGE) makemigrations --check --dry-run
 
+# The failure harness: real workers against a private PostgreSQL server that it crashes and
+# restarts (never the one in DATABASE_URL); prints its figures, fails if an invariant broke.
+#   make chaos                                  the long run (a few minutes)
+#   make chaos CHAOS_ARGS="--profile ci --seed 2 --keep"   the test suite's run, keeping logs
+CHAOS_ARGS ?=
+
+chaos: $(STAMP)
+	$(PY) -m tests.harness $(CHAOS_ARGS)
+
 # Benchmarks: the peers are installed into their own virtualenv, never into the project's.
 #   make bench                         the full run (about 15 minutes); BENCH_ARGS=--quick to check
 #   make soak SOAK_ARGS="--minutes 10" sustained load, table size and claim latency over time

@@ -1,0 +1,465 @@
+"""The invariants a harness run must keep, checked from the database and the run's record.
+
+Every time compared here comes from the database clock: claims and settlements (Attempt rows),
+the handlers' ledger (Run, Effect) and the harness's fault times.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from django_pgjobs.conf import settings
+from django_pgjobs.models import Attempt, Job
+from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from testproject.chaos.models import Effect, Run
+from tests.harness.records import PLAIN, POISON, RECEIPTED, RunRecord, Target
+
+TERMINAL = {JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED}
+WAITING = {JobStatus.SCHEDULED, JobStatus.RETRYING}
+# A settlement by the lease holder ends the lease; these outcomes are such settlements.
+SETTLED_BY_HOLDER = {
+    AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.DEAD,
+    AttemptOutcome.SNOOZED, AttemptOutcome.RELEASED,
+}
+# Attempts that hand their count back: a release, a snooze, a rolling-deploy retry.
+UNCOUNTED_CLASSES = {FailureClass.UNKNOWN_TASK, FailureClass.UNSUPPORTED_VERSION}
+# Main-loop tick (0.25 s), process scheduling on a busy host, the claim and the handler's start.
+SCHEDULING_SLACK_SECONDS = 1.5
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    summary: str
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Snapshot:
+    """The database after the run, indexed for the checks."""
+
+    jobs: dict[int, Job]
+    by_key: dict[str, Job]
+    attempts: dict[int, list[Attempt]]
+    runs: dict[int, list[Run]]
+    effects: Counter[str]
+    receipted_effects: Counter[str]
+    now: datetime
+
+    @classmethod
+    def load(cls) -> Snapshot:
+        jobs = {job.pk: job for job in Job.objects.all()}
+        attempts: dict[int, list[Attempt]] = defaultdict(list)
+        for attempt in Attempt.objects.order_by("claimed_at", "id"):
+            attempts[attempt.job_id].append(attempt)
+        runs: dict[int, list[Run]] = defaultdict(list)
+        for run in Run.objects.order_by("started_at", "id"):
+            runs[run.job_id].append(run)
+        effects: Counter[str] = Counter()
+        receipted: Counter[str] = Counter()
+        for key, is_receipted in Effect.objects.values_list("key", "receipted"):
+            (receipted if is_receipted else effects)[key] += 1
+        return cls(
+            jobs=jobs,
+            by_key={j.idempotency_key: j for j in jobs.values() if j.idempotency_key},
+            attempts=attempts, runs=runs, effects=effects, receipted_effects=receipted,
+            now=timezone.now(),
+        )
+
+    def effect_count(self, job: Job) -> int:
+        key = job.payload.get("key", "") if isinstance(job.payload, dict) else ""
+        return (self.receipted_effects if job.task == RECEIPTED else self.effects)[key]
+
+
+def lease_end(attempt: Attempt, job: Job) -> datetime:
+    """When ``attempt``'s lease stopped being valid: its expiry, or its holder's settlement."""
+    expiry = attempt.claimed_at + timedelta(seconds=job.lease_seconds)
+    if attempt.outcome in SETTLED_BY_HOLDER and attempt.finished_at is not None:
+        return min(attempt.finished_at, expiry)
+    return expiry  # expired and rescued, lost, or still running
+
+
+def recovery_bound_seconds(lease_seconds: float) -> float:
+    """The longest a killed or stopped worker's job may wait before another worker claims it.
+
+    lease (the job's lease runs out; the fault came after the claim, so it ends within one lease
+    of the fault) + 1.1 x rescue interval (the next rescue step on any worker, with its jitter)
+    + the backoff cap (the retry delay is at most PGJOBS_RETRY_MAX_SECONDS) + 1.1 x poll
+    interval (the promote step makes it ready) + 1.2 x poll interval (an idle executor's
+    jittered wait before its next claim) + scheduling slack.
+    """
+    poll = float(settings.POLL_INTERVAL_SECONDS)
+    return (lease_seconds + 1.1 * float(settings.RESCUE_INTERVAL_SECONDS)
+            + float(settings.RETRY_MAX_SECONDS) + 2.3 * poll + SCHEDULING_SLACK_SECONDS)
+
+
+def _check(name: str, problems: list[str], summary: str) -> Check:
+    return Check(name, not problems, summary, problems)
+
+
+def every_job_ended(snap: Snapshot, record: RunRecord) -> Check:
+    problems = []
+    counts: Counter[str] = Counter()
+    for job in snap.jobs.values():
+        if job.status in TERMINAL:
+            counts["terminal"] += 1
+        elif job.status in WAITING and job.run_at > snap.now:
+            counts["waiting"] += 1
+        else:
+            problems.append(f"job {job.pk} ({job.task}) is {job.status}, due {job.run_at}")
+    tracked = (record.bulk_keys + record.later_keys + record.flood.ordinary_keys
+               + record.flood.flood_keys + record.flood.poison_keys
+               + [t.key for t in record.targets] + list(record.replays.calls))
+    missing = [key for key in tracked if key not in snap.by_key]
+    problems += [f"enqueued {key} has no job row" for key in missing]
+    later = [snap.by_key[k] for k in record.later_keys if k in snap.by_key]
+    problems += [f"{j.idempotency_key} should still wait but is {j.status}" for j in later
+                 if j.status != JobStatus.SCHEDULED]
+    return _check("every job is terminal or legitimately waiting", problems,
+                  f"{counts['terminal']} terminal, {counts['waiting']} waiting for a later time, "
+                  f"{len(problems)} neither")
+
+
+def leases_never_overlap(snap: Snapshot) -> Check:
+    problems, compared = [], 0
+    for job_id, attempts in snap.attempts.items():
+        job = snap.jobs[job_id]
+        held_until: datetime | None = None
+        for attempt in attempts:
+            compared += 1
+            if held_until is not None and attempt.claimed_at < held_until:
+                problems.append(f"job {job_id}: attempt {attempt.number} by "
+                                f"{attempt.worker_id} claimed at {attempt.claimed_at} while a "
+                                f"lease ran to {held_until}")
+            end = lease_end(attempt, job)
+            held_until = end if held_until is None else max(held_until, end)
+    return _check("no job was leased to two workers at once", problems,
+                  f"{compared} attempts on {len(snap.attempts)} jobs")
+
+
+def runs_never_overlap(snap: Snapshot) -> Check:
+    """No two runs of a job overlapped while both of their leases were valid."""
+    problems, raw_overlaps, pairs = [], 0, 0
+    for job_id, runs in snap.runs.items():
+        job = snap.jobs.get(job_id)
+        if job is None:
+            continue
+        by_token = {a.lease_token: a for a in snap.attempts.get(job_id, [])}
+        windows = []
+        for run in runs:
+            attempt = by_token.get(run.lease_token)
+            if attempt is None:
+                problems.append(f"job {job_id}: run by {run.worker_id} has no attempt row")
+                continue
+            if run.started_at < attempt.claimed_at:
+                problems.append(f"job {job_id}: a run started before its claim")
+            end = lease_end(attempt, job)
+            if run.finished_at is not None:
+                end = min(end, run.finished_at)
+            windows.append((run, run.started_at, end))
+        for i, (run_a, start_a, end_a) in enumerate(windows):
+            for run_b, start_b, end_b in windows[i + 1:]:
+                pairs += 1
+                if (run_a.finished_at and run_b.finished_at and start_b < run_a.finished_at
+                        and start_a < run_b.finished_at):
+                    raw_overlaps += 1
+                if max(start_a, start_b) < min(end_a, end_b):
+                    problems.append(
+                        f"job {job_id}: {run_a.worker_id} (attempt {run_a.attempt}) and "
+                        f"{run_b.worker_id} (attempt {run_b.attempt}) ran at once under "
+                        "valid leases")
+    return _check("no job ran on two workers at once while both held a valid lease", problems,
+                  f"{pairs} pairs of runs of the same job compared; {raw_overlaps} ran at "
+                  "overlapping times (a stale worker running on after losing its lease), none "
+                  "under two valid leases" if not problems else f"{pairs} pairs compared")
+
+
+def no_stale_settlement(snap: Snapshot) -> Check:
+    """A report that lost its lease changed nothing: the job agrees with its winning attempts."""
+    problems = []
+    lost = 0
+    for job_id, attempts in snap.attempts.items():
+        job = snap.jobs[job_id]
+        lost += sum(a.outcome == AttemptOutcome.LOST for a in attempts)
+        counted = sum(
+            a.outcome not in (AttemptOutcome.RELEASED, AttemptOutcome.SNOOZED)
+            and a.failure_class not in UNCOUNTED_CLASSES
+            for a in attempts
+        )
+        if job.attempts != counted:
+            problems.append(f"job {job_id}: attempts is {job.attempts}, its attempt rows "
+                            f"account for {counted}")
+        applied = [a for a in attempts if a.outcome != AttemptOutcome.LOST]
+        last = applied[-1].outcome if applied else None
+        if (job.status == JobStatus.RUNNING) != (last == AttemptOutcome.RUNNING):
+            problems.append(f"job {job_id} is {job.status} but its last applied attempt is {last}")
+        if job.status == JobStatus.DEAD and last not in (
+                AttemptOutcome.DEAD, AttemptOutcome.LEASE_EXPIRED):
+            problems.append(f"job {job_id} is dead but its last applied attempt is {last}")
+        if job.status != JobStatus.SUCCEEDED:
+            continue
+        winners = [a for a in attempts if a.outcome == AttemptOutcome.SUCCEEDED]
+        if len(winners) != 1 or last != AttemptOutcome.SUCCEEDED:
+            problems.append(f"job {job_id} succeeded with {len(winners)} succeeded attempts, "
+                            f"last applied {last}")
+            continue
+        result = job.result if isinstance(job.result, dict) else {}
+        if "worker" in result and (result.get("attempt"), result.get("worker")) != (
+                winners[0].number, winners[0].worker_id):
+            problems.append(f"job {job_id}: result came from attempt {result.get('attempt')} on "
+                            f"{result.get('worker')}, but the winning attempt is "
+                            f"{winners[0].number} on {winners[0].worker_id}")
+    return _check("no stale settlement was applied", problems,
+                  f"{lost} late reports recorded as lost; every job's state, attempt count and "
+                  "result match its winning attempts" if not problems else f"{lost} lost")
+
+
+def receipted_effects_once(snap: Snapshot) -> Check:
+    problems = [f"receipted effect {key} happened {n} times"
+                for key, n in snap.receipted_effects.items() if n > 1]
+    jobs = [j for j in snap.jobs.values() if j.task == RECEIPTED]
+    problems += [f"job {j.pk} succeeded but its receipted effect never happened"
+                 for j in jobs if j.status == JobStatus.SUCCEEDED and snap.effect_count(j) == 0]
+    return _check("receipted side effects happened exactly once", problems,
+                  f"{len(jobs)} receipted jobs, {sum(snap.receipted_effects.values())} effects")
+
+
+def unreceipted_duplicates(snap: Snapshot) -> tuple[Check, dict[str, int]]:
+    jobs = [j for j in snap.jobs.values() if j.task == PLAIN]
+    problems = [f"job {j.pk} succeeded but its effect never happened"
+                for j in jobs if j.status == JobStatus.SUCCEEDED and snap.effect_count(j) == 0]
+    repeated = {key: n for key, n in snap.effects.items() if n > 1}
+    figures = {"jobs": len(jobs), "effects": sum(snap.effects.values()),
+               "duplicates": sum(n - 1 for n in repeated.values()), "keys_repeated": len(repeated)}
+    return _check("unreceipted side effects: every succeeded job's happened", problems,
+                  f"{figures['jobs']} plain jobs, {figures['effects']} effects, "
+                  f"{figures['duplicates']} duplicates on {figures['keys_repeated']} keys "
+                  "(at-least-once: why receipts exist)"), figures
+
+
+def poison_dead(snap: Snapshot, record: RunRecord) -> Check:
+    problems = []
+    for key in record.flood.poison_keys:
+        job = snap.by_key.get(key)
+        if job is None:
+            continue
+        outcomes = [a.outcome for a in snap.attempts.get(job.pk, [])]
+        if (job.status, job.terminal_reason, job.attempts) != (
+                JobStatus.DEAD, TerminalReason.ATTEMPTS_EXHAUSTED, job.max_attempts):
+            problems.append(f"{key}: {job.status}/{job.terminal_reason or '-'} after "
+                            f"{job.attempts} of {job.max_attempts} attempts")
+        if outcomes != [AttemptOutcome.LEASE_EXPIRED] * job.max_attempts:
+            problems.append(f"{key}: attempt outcomes {outcomes}")
+    return _check("each poison job is dead: attempts_exhausted, attempts == max_attempts",
+                  problems, f"{len(record.flood.poison_keys)} poison jobs")
+
+
+# Per targeted fault: applied attempt outcomes (releases left out), effects, and extras.
+_EXPECTED: dict[tuple[str, str, str], tuple[list[str], int]] = {
+    ("kill", PLAIN, "before_effect"): (["lease_expired", "succeeded"], 1),
+    ("kill", PLAIN, "after_effect"): (["lease_expired", "succeeded"], 2),
+    ("kill", RECEIPTED, "after_effect"): (["lease_expired", "succeeded"], 1),
+    ("stop", PLAIN, "before_effect"): (["lost", "succeeded"], 2),
+    ("stop", RECEIPTED, "before_effect"): (["lost", "succeeded"], 1),
+    ("disconnect", PLAIN, "before_effect"): (["failed", "succeeded"], 1),
+}
+
+
+def target_observed(snap: Snapshot, target: Target) -> dict[str, Any]:
+    """What became of a targeted job, in the terms the expectations use."""
+    job = snap.jobs.get(target.job_id)
+    attempts = snap.attempts.get(target.job_id, [])
+    result = job.result if job is not None and isinstance(job.result, dict) else {}
+    return {
+        "status": job.status if job is not None else None,
+        "outcomes": [a.outcome for a in attempts if a.outcome != AttemptOutcome.RELEASED],
+        "first_reported": attempts[0].reported_outcome if attempts else None,
+        "first_failure_class": attempts[0].failure_class if attempts else None,
+        "effects": snap.effect_count(job) if job is not None else 0,
+        "effect_from_attempt": (result.get("effect") or {}).get("attempt"),
+        "struck": target.struck,
+        "resumed_after_takeover": target.resumed_after_takeover,
+        "worker_went_on": target.worker_went_on,
+    }
+
+
+def targets_as_expected(snap: Snapshot, record: RunRecord) -> Check:
+    problems = []
+    for target in record.targets:
+        seen = target_observed(snap, target)
+        outcomes, effects = _EXPECTED[(target.fault, target.task, target.hold)]
+        wanted: dict[str, Any] = {"status": "succeeded", "outcomes": outcomes,
+                                  "effects": effects, "struck": True}
+        if target.fault == "kill" and target.task == RECEIPTED:
+            wanted["effect_from_attempt"] = 1  # the retry replayed the stored result
+        if target.fault == "stop":
+            wanted |= {"first_reported": "succeeded", "resumed_after_takeover": True}
+        if target.fault == "disconnect":
+            wanted |= {"first_failure_class": "transient", "worker_went_on": True}
+        wrong = {k: seen[k] for k, v in wanted.items() if seen[k] != v}
+        if wrong:
+            problems.append(f"{target.key} (job {target.job_id}): wanted "
+                            f"{ {k: wanted[k] for k in wrong} }, got {wrong}")
+    return _check("each targeted fault ended exactly as expected", problems,
+                  f"{len(record.targets)} targeted faults")
+
+
+def recoveries(snap: Snapshot, record: RunRecord) -> dict[str, list[float]]:
+    """Seconds from each kill or stop to the next claim of each job it interrupted."""
+    found: dict[str, list[float]] = {"targeted": [], "random": []}
+    targeted = {t.job_id: t for t in record.targets}
+    for fault in record.faults:
+        if fault.kind not in ("kill", "stop"):
+            continue
+        origin = "random" if fault.origin == "random" else "targeted"
+        for job_id in set(fault.interrupted):
+            if origin == "targeted" and (job_id not in targeted
+                                         or targeted[job_id].name != fault.origin):
+                continue  # bystanders of a targeted fault queue behind the bulk work
+            later = [a.claimed_at for a in snap.attempts.get(job_id, [])
+                     if a.claimed_at > fault.at]
+            struck = [a for a in snap.attempts.get(job_id, []) if a.claimed_at <= fault.at
+                      and a.worker_id == fault.worker_id]
+            if later and struck and struck[-1].outcome in (
+                    AttemptOutcome.LEASE_EXPIRED, AttemptOutcome.LOST):
+                found[origin].append((min(later) - fault.at).total_seconds())
+    return found
+
+
+def recovery_bounded(snap: Snapshot, record: RunRecord, lease_seconds: float) -> Check:
+    found = recoveries(snap, record)
+    bound = recovery_bound_seconds(lease_seconds)
+    problems = [f"a targeted job waited {s:.2f}s for another worker (bound {bound:.2f}s)"
+                for s in found["targeted"] if s > bound]
+    expected = sum(1 for t in record.targets if t.fault in ("kill", "stop") and t.struck)
+    if len(found["targeted"]) != expected:
+        problems.append(f"{expected} targeted kills and stops, {len(found['targeted'])} "
+                        "recoveries measured")
+    return _check("recovery after a kill or stop is bounded", problems,
+                  f"targeted: max {_max(found['targeted'])}, bound {bound:.2f}s; random-fault "
+                  f"bystanders (not bounded: they queue behind other work): max "
+                  f"{_max(found['random'])}")
+
+
+def replays_deduplicated(snap: Snapshot, record: RunRecord) -> Check:
+    problems = []
+    calls = 0
+    for key, results in record.replays.calls.items():
+        calls += len(results)
+        ids = {job_id for job_id, _ in results}
+        created = sum(created for _, created in results)
+        rows = sum(j.idempotency_key == key and j.task == RECEIPTED for j in snap.jobs.values())
+        if len(ids) != 1 or created != 1 or rows != 1:
+            problems.append(f"{key}: {len(results)} enqueues returned jobs {sorted(ids)}, "
+                            f"{created} created, {rows} rows")
+        job = snap.by_key.get(key)
+        if job is not None and job.status == JobStatus.SUCCEEDED and snap.effect_count(job) != 1:
+            problems.append(f"{key}: {snap.effect_count(job)} effects")
+    return _check("replayed enqueues with one idempotency key made one job", problems,
+                  f"{calls} enqueues of {len(record.replays.calls)} keys")
+
+
+def workers_held_up(snap: Snapshot, record: RunRecord) -> Check:
+    problems = []
+    poison_runs = sum(len(runs) for runs in snap.runs.values() if runs and runs[0].task == POISON)
+    crashes = [e for e in record.exits if not e.caused_by_harness]
+    if len(crashes) != poison_runs or any(e.returncode != -9 for e in crashes):
+        problems.append(f"{len(crashes)} worker deaths the harness did not cause "
+                        f"({sorted({e.returncode for e in crashes})}); the poison ran "
+                        f"{poison_runs} times")
+    for restart in record.restarts:
+        silent = set(restart.workers_expected) - set(restart.workers_resumed)
+        if silent:
+            problems.append(f"after the restart at {restart.at}: {sorted(silent)} never "
+                            "finished another job")
+    stuck = {w: c for w, c in record.shutdown_codes.items() if c != 0}
+    if stuck:
+        problems.append(f"workers that did not drain and exit 0 on SIGTERM: {stuck}")
+    return _check("workers survived disconnects and restarts; only the poison killed any",
+                  problems,
+                  f"{len(crashes)} deaths by poison, {len(record.restarts)} restarts ridden out, "
+                  f"{len(record.shutdown_codes)} workers drained and exited 0 at the end")
+
+
+def flood_check(snap: Snapshot, record: RunRecord) -> tuple[Check, dict[str, Any]]:
+    flood = record.flood
+    ordinary = [snap.by_key[k] for k in flood.ordinary_keys if k in snap.by_key]
+    problems = [f"ordinary job {j.pk} is {j.status}" for j in ordinary
+                if j.status != JobStatus.SUCCEEDED]
+    during = sum(1 for j in ordinary if flood.flood_ended and j.finished_at
+                 and j.finished_at <= flood.flood_ended)
+    last = max((j.finished_at for j in ordinary if j.finished_at), default=None)
+    after = (last - flood.flood_ended).total_seconds() if last and flood.flood_ended else None
+    figures = {"ordinary": len(ordinary), "flood": len(flood.flood_keys),
+               "ordinary_done_during_flood": during, "last_ordinary_after_flood_s": after}
+    return _check("ordinary jobs finished despite a high-priority flood", problems,
+                  f"{len(flood.flood_keys)} flood jobs (priority 50) over {len(ordinary)} "
+                  f"ordinary ones; {during} ordinary finished during the flood, the last "
+                  f"{after if after is None else round(after, 2)}s after it"), figures
+
+
+def _max(values: list[float]) -> str:
+    return f"{max(values):.2f}s (median {statistics.median(values):.2f}s, n={len(values)})" \
+        if values else "-"
+
+
+def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dict[str, Any]]:
+    """Run every check; return them and the run's figures."""
+    snap = Snapshot.load()
+    plain_check, plain = unreceipted_duplicates(snap)
+    flood, flood_figures = flood_check(snap, record)
+    checks = [
+        every_job_ended(snap, record),
+        leases_never_overlap(snap),
+        runs_never_overlap(snap),
+        no_stale_settlement(snap),
+        receipted_effects_once(snap),
+        plain_check,
+        poison_dead(snap, record),
+        targets_as_expected(snap, record),
+        recovery_bounded(snap, record, lease_seconds),
+        replays_deduplicated(snap, record),
+        workers_held_up(snap, record),
+        flood,
+    ]
+    statuses = Counter(j.status for j in snap.jobs.values())
+    outcomes = Counter(a.outcome for rows in snap.attempts.values() for a in rows)
+    faults = Counter(f"{f.kind}/{'random' if f.origin == 'random' else 'targeted'}"
+                     for f in record.faults)
+    found = recoveries(snap, record)
+    figures = {
+        "jobs": len(snap.jobs),
+        "jobs_by_status": dict(sorted(statuses.items())),
+        "jobs_lost": len(every_job_ended(snap, record).problems),
+        "attempts": sum(outcomes.values()),
+        "attempts_by_outcome": dict(sorted(outcomes.items())),
+        "faults": dict(sorted(faults.items())),
+        "kills": sum(n for k, n in faults.items() if k.startswith("kill/")),
+        "poison_kills": sum(not e.caused_by_harness for e in record.exits),
+        "stops": sum(n for k, n in faults.items() if k.startswith("stop/")),
+        "disconnects": sum(n for k, n in faults.items() if k.startswith("disconnect/")),
+        "restarts": len(record.restarts),
+        "worker_processes": len(record.exits) + len(record.shutdown_codes),
+        "receipted_effects": sum(snap.receipted_effects.values()),
+        "receipted_duplicates": sum(n - 1 for n in snap.receipted_effects.values() if n > 1),
+        "plain": plain,
+        "late_reports_lost": outcomes.get(AttemptOutcome.LOST, 0),
+        "late_reports_by_reported_outcome": dict(Counter(
+            a.reported_outcome for rows in snap.attempts.values() for a in rows
+            if a.outcome == AttemptOutcome.LOST)),
+        "recovery_targeted_max_s": max(found["targeted"], default=None),
+        "recovery_random_max_s": max(found["random"], default=None),
+        "recovery_bound_s": recovery_bound_seconds(lease_seconds),
+        "flood": flood_figures,
+        "replayed_enqueues": sum(len(v) for v in record.replays.calls.values()),
+        "targets": {t.key: target_observed(snap, t) for t in record.targets},
+        "wall_seconds": record.wall_seconds,
+    }
+    return checks, figures

@@ -1,0 +1,93 @@
+"""What a harness run did, kept for the invariant checks and the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tests.harness.pool import Exit
+
+PLAIN = "chaos.plain_effect"
+RECEIPTED = "chaos.receipted_effect"
+TICK = "chaos.tick"
+POISON = "chaos.poison"
+
+
+@dataclass
+class Fault:
+    """One fault the harness injected."""
+
+    kind: str  # kill, stop, disconnect, restart
+    origin: str  # the targeted scenario's name, or "random"
+    at: datetime  # the database clock just before the fault
+    worker_id: str = ""  # empty for a database restart
+    # Jobs that had a running attempt on the struck worker at that moment.
+    interrupted: list[int] = field(default_factory=list)
+    detail: str = ""
+
+
+@dataclass
+class Target:
+    """A targeted fault: one job held still at a known point, then struck."""
+
+    name: str
+    fault: str  # kill, stop, disconnect
+    task: str
+    hold: str  # before_effect, after_effect
+    key: str
+    job_id: int
+    struck: bool = False  # the fault landed while the job was holding
+    worker_id: str = ""
+    at: datetime | None = None
+    # stop: the stopped worker was resumed only after another worker finished the job.
+    resumed_after_takeover: bool = False
+    # disconnect: the same worker process later claimed and finished another job.
+    worker_went_on: bool = False
+
+
+@dataclass
+class Restart:
+    at: datetime
+    down_seconds: float
+    workers_before: list[str]
+    # Workers from before the restart still alive when the harness looked (none was killed).
+    workers_expected: list[str] = field(default_factory=list)
+    # Of those, the ones (same processes) that claimed and finished a job after the restart.
+    workers_resumed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Flood:
+    ordinary_keys: list[str] = field(default_factory=list)
+    flood_keys: list[str] = field(default_factory=list)
+    flood_started: datetime | None = None
+    flood_ended: datetime | None = None  # the last flood job was enqueued
+    poison_keys: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Replays:
+    """Enqueues repeated under the same idempotency keys: key -> [(job id, created)]."""
+
+    calls: dict[str, list[tuple[int, bool]]] = field(default_factory=dict)
+
+
+@dataclass
+class RunRecord:
+    profile: str
+    seed: int
+    workers: int
+    concurrency: int
+    started_at: datetime | None = None
+    faults: list[Fault] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
+    flood: Flood = field(default_factory=Flood)
+    replays: Replays = field(default_factory=Replays)
+    bulk_keys: list[str] = field(default_factory=list)
+    later_keys: list[str] = field(default_factory=list)
+    exits: list[Exit] = field(default_factory=list)
+    shutdown_codes: dict[str, int | None] = field(default_factory=dict)
+    drained: bool = False
+    wall_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)

@@ -1,0 +1,341 @@
+"""The workload and the faults: what the harness does to a pool of real workers."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Q
+from django.db.models.functions import Now
+
+import django_pgjobs
+from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.models import Attempt, Job
+from django_pgjobs.status import AttemptOutcome, JobStatus
+from testproject.chaos.models import Run
+from tests.harness import db
+from tests.harness.pool import Member, WorkerPool
+from tests.harness.records import (
+    PLAIN,
+    POISON,
+    RECEIPTED,
+    TICK,
+    Fault,
+    Replays,
+    Restart,
+    RunRecord,
+    Target,
+)
+from tests.harness.server import PrivateServer
+
+# Targets and the poison jump the queue, so their recovery is not queueing behind bulk work.
+TARGET_PRIORITY = 90
+FLOOD_PRIORITY = 50
+# Shorter than the 2 s lease of the chaos handlers: the harness strikes while the job holds.
+HOLD_SECONDS = 1.5
+OUTAGE_SECONDS = 1.5
+
+# (name, fault, task, hold point)
+TARGETS = [
+    ("kill_before_effect/plain", "kill", PLAIN, "before_effect"),
+    ("kill_after_effect/plain", "kill", PLAIN, "after_effect"),
+    ("kill_after_effect/receipted", "kill", RECEIPTED, "after_effect"),
+    ("stop_until_takeover/plain", "stop", PLAIN, "before_effect"),
+    ("stop_until_takeover/receipted", "stop", RECEIPTED, "before_effect"),
+    ("disconnect/plain", "disconnect", PLAIN, "before_effect"),
+]
+
+
+@dataclass
+class Context:
+    pool: WorkerPool
+    server: PrivateServer
+    record: RunRecord
+    rng: random.Random
+    lease_seconds: float
+
+
+def running_jobs(worker_id: str) -> list[int]:
+    """Jobs with a running attempt held by ``worker_id``."""
+    return db.retrying(lambda: list(
+        Attempt.objects.filter(worker_id=worker_id, outcome=AttemptOutcome.RUNNING)
+        .values_list("job_id", flat=True)
+    ))
+
+
+def job_status(job_id: int) -> str:
+    return db.retrying(lambda: Job.objects.values_list("status", flat=True).get(pk=job_id))
+
+
+def worker_finished_a_job_since(worker_id: str, since: Any) -> bool:
+    return db.retrying(lambda: Attempt.objects.filter(
+        worker_id=worker_id, claimed_at__gt=since, outcome=AttemptOutcome.SUCCEEDED
+    ).exists())
+
+
+# --- workload ---------------------------------------------------------------------------------
+
+
+class Feeder(threading.Thread):
+    """Enqueues bulk effect jobs (half plain, half receipted) at a steady rate until stopped."""
+
+    def __init__(self, record: RunRecord, rate_per_second: float, limit: int, seed: int) -> None:
+        super().__init__(name="harness-feeder", daemon=True)
+        self.record = record
+        self.rate = rate_per_second
+        self.limit = limit
+        self.rng = random.Random(seed)
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            step = 0.25
+            n = 0
+            while not self.halt.is_set() and n < self.limit:
+                size = min(max(1, round(self.rate * step)), self.limit - n)
+                keys = [f"bulk:{i}" for i in range(n, n + size)]
+                specs = [
+                    JobSpec.of(
+                        PLAIN if i % 2 == 0 else RECEIPTED,
+                        {"key": key, "work_seconds": self.rng.uniform(0.02, 0.25)},
+                        idempotency_key=key,
+                    )
+                    for i, key in zip(range(n, n + size), keys, strict=True)
+                ]
+                db.retrying(lambda specs=specs: django_pgjobs.enqueue_many(specs))
+                self.record.bulk_keys.extend(keys)
+                n += size
+                self.halt.wait(step)
+        except BaseException as exc:  # reported by the runner; a feeder must not die silently
+            self.error = exc
+        finally:
+            db.reconnect()
+
+
+def enqueue_later(record: RunRecord, count: int) -> None:
+    """Jobs due in an hour: at the end they are legitimately waiting, not lost."""
+    for i in range(count):
+        key = f"later:{i}"
+        db.enqueue(TICK, key, {}, delay=3600)
+        record.later_keys.append(key)
+
+
+def replay_enqueues(
+    record: RunRecord, rng: random.Random, keys: list[str], per_key: int, threads: int
+) -> None:
+    """Enqueue each key ``per_key`` times from ``threads`` threads at once."""
+    calls = [key for key in keys for _ in range(per_key)]
+    rng.shuffle(calls)
+    lock = threading.Lock()
+    start = threading.Barrier(threads)
+    replays: Replays = record.replays
+
+    def work(chunk: list[str]) -> None:
+        try:
+            start.wait(30)
+            for key in chunk:
+                job = db.enqueue(RECEIPTED, key, {"key": key})
+                with lock:
+                    replays.calls.setdefault(key, []).append((job.pk, bool(job.created)))
+        finally:
+            db.reconnect()
+
+    pool = [threading.Thread(target=work, args=(calls[i::threads],)) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(120)
+
+
+def drain(timeout: float) -> bool:
+    """Wait until no job is ready, running, or due; True if that happened in time."""
+
+    def quiet() -> bool:
+        return not Job.objects.filter(
+            Q(status__in=[JobStatus.READY, JobStatus.RUNNING])
+            | Q(status__in=[JobStatus.SCHEDULED, JobStatus.RETRYING], run_at__lte=Now())
+        ).exists()
+
+    return bool(db.wait_until(quiet, timeout, interval=0.2))
+
+
+# --- targeted faults --------------------------------------------------------------------------
+
+
+def run_target(ctx: Context, name: str, fault: str, task: str, hold: str, round_no: int) -> None:
+    """Hold one job still at ``hold``, strike its worker with ``fault``, follow it to the end."""
+    key = f"target:{round_no}:{name}"
+    job = db.enqueue(
+        task, key, {"key": key, "hold": hold, "hold_seconds": HOLD_SECONDS},
+        priority=TARGET_PRIORITY,
+    )
+    target = Target(name, fault, task, hold, key, job.pk)
+    ctx.record.targets.append(target)
+    run = db.wait_until(
+        lambda: Run.objects.filter(job_id=job.pk, attempt=1, stage=Run.Stage.HOLDING).first(), 30
+    )
+    member = ctx.pool.by_pid(run.pid) if run is not None else None
+    if run is None or member is None or not member.alive():
+        ctx.record.notes.append(f"{key}: the job never held on a live worker; fault not injected")
+        return
+    target.worker_id, target.at = member.worker_id, db.db_now()
+    record = Fault(fault, name, target.at, member.worker_id, running_jobs(member.worker_id))
+    ctx.record.faults.append(record)
+    if fault == "kill":
+        ctx.pool.kill(member)
+    elif fault == "stop":
+        ctx.pool.stop(member)
+    else:
+        record.detail = f"{db.terminate_backends(member.worker_id)} connections terminated"
+    # The handler writes "finished" as its last step: still holding means the fault landed
+    # before the job's effect could complete on this attempt.
+    target.struck = db.retrying(
+        lambda: Run.objects.filter(pk=run.pk, stage=Run.Stage.HOLDING).exists()
+    )
+    done = db.wait_until(lambda: job_status(job.pk) == JobStatus.SUCCEEDED, 30)
+    if fault == "stop":
+        target.resumed_after_takeover = bool(done)
+        ctx.pool.resume(member)
+        lost = db.wait_until(lambda: Attempt.objects.filter(
+            lease_token=run.lease_token, outcome=AttemptOutcome.LOST).exists(), 30)
+        if not lost:
+            ctx.record.notes.append(f"{key}: the resumed worker's late report never arrived")
+    elif fault == "disconnect":
+        target.worker_went_on = bool(db.wait_until(
+            lambda: worker_finished_a_job_since(member.worker_id, target.at), 30))
+    if not done:
+        ctx.record.notes.append(f"{key}: not succeeded within 30 s of the fault")
+
+
+def run_targets(ctx: Context, round_no: int) -> None:
+    for name, fault, task, hold in TARGETS:
+        run_target(ctx, name, fault, task, hold, round_no)
+
+
+# --- database restart, poison, flood ----------------------------------------------------------
+
+
+def restart_database(ctx: Context, origin: str) -> None:
+    """Crash and restart the server mid-run; every worker must reconnect and go on."""
+    before = [m.worker_id for m in ctx.pool.running()]
+    at = db.db_now()
+    interrupted = db.retrying(lambda: list(
+        Attempt.objects.filter(outcome=AttemptOutcome.RUNNING).values_list("job_id", flat=True)
+    ))
+    db.reconnect()
+    down = ctx.server.restart(OUTAGE_SECONDS)
+    ctx.record.faults.append(Fault("restart", origin, at, "", interrupted,
+                                   f"down {down:.1f}s"))
+    restart = Restart(at, down, before)
+    ctx.record.restarts.append(restart)
+    back = db.db_now()
+
+    def resumed() -> list[str]:
+        alive = {m.worker_id for m in ctx.pool.running()}
+        return [w for w in before if w in alive and worker_finished_a_job_since(w, back)]
+
+    def all_resumed() -> bool:
+        alive = {m.worker_id for m in ctx.pool.running()}
+        return set(resumed()) >= {w for w in before if w in alive}
+
+    db.wait_until(all_resumed, 45, interval=0.2)
+    restart.workers_resumed = resumed()
+    alive = {m.worker_id for m in ctx.pool.running()}
+    restart.workers_expected = [w for w in before if w in alive]
+
+
+def poison_and_flood(ctx: Context, ordinary: int, flood_seconds: float, flood_rate: float,
+                     poison_jobs: int) -> None:
+    """Poison jobs kill workers while a high-priority flood sits on top of ordinary jobs.
+
+    The flood arrives faster than the workers drain it, so a backlog of high-priority jobs
+    builds up in front of the ordinary ones enqueued just after its first second.
+    """
+    flood = ctx.record.flood
+    flood.flood_started = db.db_now()
+    for i in range(poison_jobs):
+        key = f"poison:{len(flood.poison_keys) + i}"
+        db.enqueue(POISON, key, {}, priority=TARGET_PRIORITY)
+        flood.poison_keys.append(key)
+    step = 0.25
+    started = time.monotonic()
+    n = len(flood.flood_keys)
+    while time.monotonic() < started + flood_seconds:
+        keys = [f"flood:{i}" for i in range(n, n + max(1, round(flood_rate * step)))]
+        db.retrying(lambda keys=keys: django_pgjobs.enqueue_many([
+            JobSpec.of(TICK, {"work_seconds": 0.05}, idempotency_key=key,
+                       priority=FLOOD_PRIORITY)
+            for key in keys
+        ]))
+        flood.flood_keys.extend(keys)
+        n += len(keys)
+        if not flood.ordinary_keys and time.monotonic() >= started + 1.0:
+            keys = [f"ordinary:{i}" for i in range(ordinary)]
+            db.retrying(lambda keys=keys: django_pgjobs.enqueue_many([
+                JobSpec.of(TICK, {"work_seconds": 0.01}, idempotency_key=key) for key in keys
+            ]))
+            flood.ordinary_keys = keys
+        time.sleep(step)
+    flood.flood_ended = db.db_now()
+    keys = flood.poison_keys + flood.flood_keys + flood.ordinary_keys
+    if not db.wait_until(lambda: not Job.objects.filter(idempotency_key__in=keys).exclude(
+            status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD]).exists(), 120, interval=0.2):
+        ctx.record.notes.append("poison/flood: not every job ended within 120 s")
+
+
+# --- random faults ----------------------------------------------------------------------------
+
+_KINDS = ["kill", "stop", "disconnect", "restart"]
+_WEIGHTS = [4, 2, 2, 1]
+
+
+def random_faults(ctx: Context, seconds: float, every: tuple[float, float], restarts: int) -> None:
+    """Strike random workers at random times for ``seconds``; the seed fixes the schedule.
+
+    Which worker a draw hits depends on which are alive at that moment; the times, kinds and
+    durations are the seed's. At most one worker is stopped at a time, and each stop lasts
+    between one and two and a half leases.
+    """
+    rng = ctx.rng
+    ends = time.monotonic() + seconds
+    stopped: tuple[Member, float] | None = None
+    while True:
+        wait, kind = rng.uniform(*every), rng.choices(_KINDS, _WEIGHTS)[0]
+        pick, stop_for = rng.random(), rng.uniform(1.0, 2.5) * ctx.lease_seconds
+        fire_at = time.monotonic() + wait
+        while time.monotonic() < min(fire_at, ends):
+            if stopped is not None and time.monotonic() >= stopped[1]:
+                ctx.pool.resume(stopped[0])
+                stopped = None
+            time.sleep(0.05)
+        if time.monotonic() >= ends:
+            break
+        if kind == "restart":
+            if restarts > 0:
+                restarts -= 1
+                restart_database(ctx, "random")
+                continue
+            kind = "kill"
+        if kind == "stop" and stopped is not None:
+            kind = "kill"
+        members = ctx.pool.running()
+        if len(members) < 2:
+            continue
+        member = members[int(pick * len(members))]
+        record = Fault(kind, "random", db.db_now(), member.worker_id,
+                       running_jobs(member.worker_id))
+        ctx.record.faults.append(record)
+        if kind == "kill":
+            ctx.pool.kill(member)
+        elif kind == "stop":
+            ctx.pool.stop(member)
+            stopped = (member, time.monotonic() + stop_for)
+            record.detail = f"stopped for {stop_for:.1f}s"
+        else:
+            record.detail = f"{db.terminate_backends(member.worker_id)} connections terminated"
+    if stopped is not None:
+        ctx.pool.resume(stopped[0])
