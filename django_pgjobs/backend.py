@@ -11,12 +11,13 @@ backport on Django 5.2.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import traceback
 from dataclasses import replace
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.apps import apps
@@ -26,6 +27,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from . import sql
 from .conf import settings
 from .exceptions import EnqueueError, InvalidJobOption, Permanent
 from .registry import DJANGO_TASK_PREFIX, Handler, registry
@@ -40,7 +42,6 @@ if TYPE_CHECKING:
     from django.utils.json import normalize_json
 
     from .context import JobContext
-    from .models import Attempt, Job
 else:
     try:
         from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
@@ -233,19 +234,38 @@ def _queue_problem(queue: str) -> str | None:
 # --- results ---------------------------------------------------------------------------------
 
 
+class _JobRow(NamedTuple):
+    id: int
+    task: str
+    status: str
+    queue: str
+    base_priority: int
+    payload: Any
+    result: Any
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class _AttemptRow(NamedTuple):
+    worker_id: str
+    claimed_at: datetime
+    outcome: str
+    reported_outcome: str
+    failure_class: str
+    error: str
+    traceback: str
+
+
 def load_result(result_id: str, *, default_backend: str, using: str) -> TaskResult:
     """Read a task's job and attempts back as a ``TaskResult``."""
-    from .models import Attempt, Job
-
     job_id = _job_id(result_id)
-    job = Job.objects.using(using).filter(
-        pk=job_id, task__startswith=DJANGO_TASK_PREFIX
-    ).first()
-    if job is None:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("task_result"), [job_id, DJANGO_TASK_PREFIX])
+        rows = cursor.fetchall()
+    if not rows:
         raise TaskResultDoesNotExist(result_id)
-    attempts = list(
-        Attempt.objects.using(using).filter(job_id=job_id).order_by("claimed_at", "id")
-    )
+    job = _JobRow(*rows[0][:9])
+    attempts = [_AttemptRow(*row[9:]) for row in rows if row[9] is not None]
     return _to_result(job, attempts, default_backend)
 
 
@@ -259,20 +279,21 @@ def _job_id(result_id: Any) -> int:
     return job_id
 
 
-def _to_result(job: Job, attempts: list[Attempt], default_backend: str) -> TaskResult:
+def _to_result(job: _JobRow, attempts: list[_AttemptRow], default_backend: str) -> TaskResult:
     task = _import_task(job.task)
     if task is None:
         raise TaskResultDoesNotExist(
-            f"{job.pk}: task {job.task[len(DJANGO_TASK_PREFIX):]!r} can no longer be imported"
+            f"{job.id}: task {job.task[len(DJANGO_TASK_PREFIX):]!r} can no longer be imported"
         )
-    payload = job.payload if isinstance(job.payload, dict) else {}
+    payload = _json(job.payload)
+    payload = payload if isinstance(payload, dict) else {}
     backend = str(payload.get("backend") or default_backend)
     task = _as_enqueued(task, priority=job.base_priority, queue_name=job.queue, backend=backend)
     # An attempt handed back unstarted (worker stopping) never ran the task.
     ran = [a for a in attempts if a.outcome != AttemptOutcome.RELEASED]
     status = _STATUS[JobStatus(job.status)]
     result: TaskResult[..., Any] = TaskResult(
-        task=task, id=str(job.pk), status=status, enqueued_at=job.created_at,
+        task=task, id=str(job.id), status=status, enqueued_at=job.created_at,
         started_at=ran[0].claimed_at if ran else None,
         finished_at=job.finished_at if status in _FINISHED else None,
         last_attempted_at=ran[-1].claimed_at if ran else None,
@@ -281,8 +302,13 @@ def _to_result(job: Job, attempts: list[Attempt], default_backend: str) -> TaskR
         worker_ids=[a.worker_id for a in ran],
     )
     if status == TaskResultStatus.SUCCESSFUL:
-        object.__setattr__(result, "_return_value", job.result)
+        object.__setattr__(result, "_return_value", _json(job.result))
     return result
+
+
+def _json(text: str | None) -> Any:
+    # The query casts jsonb to text, so a stored JSON string and a decoded one cannot be confused.
+    return None if text is None else json.loads(text)
 
 
 _FINISHED = {TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED}
@@ -299,19 +325,19 @@ def _as_enqueued(task: Task, **fields: Any) -> Task:
         return task
 
 
-def _failed(attempt: Attempt) -> bool:
+def _failed(attempt: _AttemptRow) -> bool:
     return attempt.outcome in _FAILED_OUTCOMES or (
         attempt.outcome == AttemptOutcome.LOST
         and attempt.reported_outcome in (AttemptOutcome.FAILED, AttemptOutcome.DEAD)
     )
 
 
-def _task_error(attempt: Attempt) -> TaskError:
+def _task_error(attempt: _AttemptRow) -> TaskError:
     return TaskError(exception_class_path=_exception_path(attempt),
                      traceback=attempt.traceback or attempt.error)
 
 
-def _exception_path(attempt: Attempt) -> str:
+def _exception_path(attempt: _AttemptRow) -> str:
     # The executor writes errors as "module.Class: message" ("Class: message" for builtins).
     head = attempt.error.split(":", 1)[0].strip()
     if attempt.traceback and _CLASS_PATH.match(head):
