@@ -17,9 +17,10 @@ from django.utils import timezone
 import django_pgjobs
 from django_pgjobs.backend import PgJobsBackend, option_problems, task_name
 from django_pgjobs.models import Attempt, Job
-from django_pgjobs.status import JobStatus
+from django_pgjobs.status import AttemptOutcome, JobStatus
 from django_pgjobs.worker import Worker
 from tests.conftest import wait_for
+from tests.factories import AttemptFactory, JobFactory
 
 try:
     from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
@@ -265,6 +266,50 @@ def test_get_result_of_another_task_is_a_mismatch() -> None:
     assert add.get_result(result.id).id == result.id
     with pytest.raises(TaskResultMismatch):
         noop.get_result(result.id)
+
+
+@pytest.mark.django_db
+def test_get_result_is_one_query(django_assert_num_queries) -> None:
+    result = add.enqueue(1, 2)
+    with django_assert_num_queries(1):
+        add.get_backend().get_result(result.id)
+
+
+@pytest.mark.django_db
+def test_results_map_every_attempt_outcome_with_djangos_meanings() -> None:
+    job = JobFactory(task=task_name(add), retrying=True, attempts=2,
+                     payload={"args": [1, 2], "kwargs": {}, "backend": "default"})
+    now = timezone.now()
+    AttemptFactory(job=job, number=1, worker_id="w1", outcome=AttemptOutcome.RELEASED,
+                   claimed_at=now - timedelta(minutes=5))
+    AttemptFactory(job=job, number=1, worker_id="w2", outcome=AttemptOutcome.LEASE_EXPIRED,
+                   failure_class="lease_expired", error="lease held by w2 expired",
+                   claimed_at=now - timedelta(minutes=4))
+    AttemptFactory(job=job, number=2, worker_id="w3", outcome=AttemptOutcome.FAILED,
+                   failure_class="unknown", error="KeyError: 'sku'",
+                   traceback="Traceback ...\nKeyError: 'sku'",
+                   claimed_at=now - timedelta(minutes=3))
+
+    result = add.get_result(str(job.pk))
+
+    assert result.status == TaskResultStatus.READY  # waiting to be executed again
+    assert result.worker_ids == ["w2", "w3"]  # the released attempt never ran
+    assert result.started_at == now - timedelta(minutes=4)
+    assert result.last_attempted_at == now - timedelta(minutes=3)
+    assert [e.exception_class_path for e in result.errors] == [
+        "django_pgjobs.exceptions.LeaseLost", "builtins.KeyError",
+    ]
+    assert result.errors[1].exception_class is KeyError
+    assert result.finished_at is None
+
+
+@pytest.mark.django_db
+def test_a_cancelled_task_reads_as_failed() -> None:
+    job = JobFactory(task=task_name(noop), cancelled=True,
+                     payload={"args": [], "kwargs": {}, "backend": "default"})
+    result = noop.get_result(str(job.pk))
+    assert (result.status, result.attempts, result.errors) == (TaskResultStatus.FAILED, 0, [])
+    assert result.finished_at == job.finished_at
 
 
 # --- checks ----------------------------------------------------------------------------------
