@@ -62,11 +62,19 @@ def child_env(database: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def measure(system: str, action: str, database: str, timeout: float = 900, **kwargs: Any) -> Any:
+def measure(
+    system: str,
+    action: str,
+    database: str,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> Any:
     """Run ``bench.measure <system> <action>`` in a child process and return its JSON answer."""
     completed = subprocess.run(
         [PYTHON, "-m", "bench.measure", system, action, json.dumps(kwargs)],
-        env=child_env(database), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        env=child_env(database, **(env or {})), cwd=ROOT, capture_output=True, text=True,
+        timeout=timeout,
     )
     if completed.returncode != 0:
         raise RuntimeError(f"{system} {action} failed:\n{completed.stderr[-3000:]}")
@@ -142,6 +150,7 @@ class Drain:
     cpu_us_per_job: float | None
     max_rss_mb: float | None
     complete: bool
+    load_average: float  # of the whole machine over the minute before the drain ended
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -157,6 +166,7 @@ def drain(
     timeout: float,
     python_workers: bool = True,
     startup_cpu_seconds: float = 0.0,
+    env: dict[str, str] | None = None,
 ) -> Drain:
     """Start ``commands`` against ``jobs`` preloaded jobs and time the steady state.
 
@@ -170,7 +180,7 @@ def drain(
     t_low = t_high = None
     done_low = done_high = 0
     start = time.monotonic()
-    workers = Workers.start(commands, child_env(database), log)
+    workers = Workers.start(commands, child_env(database, **(env or {})), log)
     with psycopg.connect(dsn(database), autocommit=True) as conn:
         while True:
             row = conn.execute(remaining_sql.encode()).fetchone()
@@ -202,12 +212,15 @@ def drain(
         cpu_us_per_job=cpu / max(done, 1) * 1e6 if python_workers else None,
         max_rss_mb=statistics.mean(f.max_rss_mb for f in finished) if python_workers else None,
         complete=done >= jobs,
+        load_average=os.getloadavg()[0],
     )
 
 
-def startup_cpu(database: str, command: Sequence[str], log: Path, timeout: float = 60) -> float:
+def startup_cpu(
+    database: str, command: Sequence[str], log: Path, env: dict[str, str], timeout: float = 60
+) -> float:
     """CPU seconds one worker spends starting and stopping on an empty queue (burst mode)."""
-    workers = Workers.start([command], child_env(database), log)
+    workers = Workers.start([command], child_env(database, **env), log)
     deadline = time.monotonic() + timeout
     while not workers.reap() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -100,7 +100,7 @@ def worker_profile(jobs: int, out: Path) -> tuple[list[list[str]], list[list[str
     harness.execute(DATABASE, "VACUUM ANALYZE")
     py_spy = shutil.which("py-spy") or str(Path(harness.PYTHON).parent / "py-spy")
     subprocess.run(
-        [py_spy, "record", "--format", "raw", "--rate", "250", "--output", str(out), "--",
+        [py_spy, "record", "--gil", "--format", "raw", "--rate", "250", "--output", str(out), "--",
          harness.PYTHON, harness.MANAGE, "pgjobs_worker", "--burst", "--batch-size", "10",
          "--log-level", "WARNING"],
         env=harness.child_env(DATABASE), cwd=harness.ROOT, check=True,

@@ -52,6 +52,8 @@ def render(results: dict[str, Any]) -> str:
     out.append(f"machine: {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, "
                f"PostgreSQL {m['postgresql']}, Python {m['python']}, commit {m['commit']}")
     out.append("versions: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v))
+    out.append("server: " + ", ".join(f"{k}={v}" for k, v in m["server_settings"].items())
+               + f"; machine load average at start {m['load_average_at_start']:.1f}")
     if results.get("quick"):
         out.append("QUICK RUN: small sizes, figures only check the runner")
     targets: list[list[str]] = []
@@ -60,8 +62,8 @@ def render(results: dict[str, Any]) -> str:
     if enqueue:
         single, bulk = enqueue["single_per_s"], enqueue["bulk_per_s"]
         rows = []
-        for name in ("pgjobs", "orm_create", "orm_bulk_create", "django-tasks-db",
-                     "procrastinate", "pgqueuer", "floor"):
+        for name in ("pgjobs", "pgjobs (server-side binding)", "orm_create", "orm_bulk_create",
+                     "django-tasks-db", "procrastinate", "pgqueuer", "floor"):
             if name in single or name in bulk:
                 rows.append([name, _fmt(single.get(name)), _fmt(bulk.get(name)),
                              _fmt(single["pgjobs"] / single[name], 2) if name in single else "",
@@ -82,7 +84,7 @@ def render(results: dict[str, Any]) -> str:
         rows = []
         for r in drain:
             base = ""
-            if r["system"] == "pgjobs":
+            if r["system"].startswith("pgjobs"):
                 f = floor_for(drain, r["processes"] * r["concurrency"], r["batch"])
                 base = _fmt(r["jobs_per_s"] / f["jobs_per_s"], 2) if f else ""
             rows.append([r["system"], str(r["processes"]), str(r["concurrency"]), str(r["batch"]),
@@ -127,10 +129,13 @@ def render(results: dict[str, Any]) -> str:
     if history:
         sizes = history["sizes"]
         rows = [[f"{s['finished_rows']:,}", _fmt(s["p50_ms"], 2), _fmt(s["p99_ms"], 2),
-                 _fmt(s["mean_ms"], 2)] for s in sizes]
+                 _fmt(s["mean_ms"], 2), _fmt(s.get("server_ms"), 3),
+                 _fmt(s.get("planning_ms"), 3), _fmt(s.get("buffers")),
+                 _fmt(s.get("rows_read"))] for s in sizes]
         out += ["", f"Claim latency versus finished history (batch {history['batch']}, "
                 f"{history['ready']:,} ready jobs)",
-                _table(["finished rows", "p50 ms", "p99 ms", "mean ms"], rows)]
+                _table(["finished rows", "p50 ms", "p99 ms", "mean ms", "server ms (EXPLAIN)",
+                        "planning ms", "buffers", "rows read"], rows)]
         if len(sizes) > 1:
             ratio = sizes[-1]["p50_ms"] / sizes[0]["p50_ms"]
             targets.append(_target(

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from bench.systems import (
     DJANGO_TASKS_DB,
     FLOOR_DATABASE,
     PGJOBS,
+    PGJOBS_PREPARED,
     PGQUEUER,
     PROCRASTINATE,
     System,
@@ -45,10 +47,12 @@ class Sizes:
     history: tuple[int, ...]
     history_claims: int
     drain_timeout: float
+    repeats: int
 
 
-QUICK = Sizes(300, 4000, 2000, 10000, 1000, 10, (10_000, 50_000), 50, 120)
-FULL = Sizes(2000, 40000, 20000, 100000, 8000, 100, (10_000, 100_000, 1_000_000), 200, 300)
+QUICK = Sizes(300, 4000, 2000, 10000, 1000, 10, (10_000, 50_000), 50, 120, 1)
+FULL = Sizes(2000, 40000, 20000, 100000, 8000, 100, (10_000, 100_000, 1_000_000), 200, 300, 3)
+ENQUEUERS = [PGJOBS, PGJOBS_PREPARED, DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER]
 
 # (processes, executor threads per process, claim batch); the first is the headline.
 PGJOBS_DRAINS = [(4, 1, 10), (1, 1, 10), (2, 1, 10), (4, 2, 10), (4, 1, 1), (4, 1, 50)]
@@ -64,39 +68,63 @@ def prepare(systems: list[System]) -> None:
         if system.name in ("pgjobs", "django-tasks-db"):
             harness.manage(system.database, "migrate", "--verbosity", "0")
         else:
-            harness.measure(system.name, "setup", system.database)
+            harness.measure(system.client, "setup", system.database)
     harness.recreate_database(FLOOR_DATABASE)
     floor.setup(FLOOR_DATABASE)
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
 def run_enqueue(sizes: Sizes) -> dict[str, Any]:
-    single: dict[str, float] = {}
-    bulk: dict[str, float] = {}
-    for system in ALL:
-        log(f"enqueue: {system.name}")
-        single.update(harness.measure(system.name, "enqueue_single", system.database,
-                                      n=sizes.enqueue_single))
-        if system.name != "django-tasks-db":  # it has no bulk enqueue
-            bulk.update(harness.measure(system.name, "enqueue_bulk", system.database,
-                                        n=sizes.enqueue_bulk))
-    single.update(floor.enqueue_single(FLOOR_DATABASE, sizes.enqueue_single))
-    bulk.update(floor.enqueue_bulk(FLOOR_DATABASE, sizes.enqueue_bulk))
-    return {"single_per_s": single, "bulk_per_s": bulk, "bulk_chunk": 1000}
+    """Every contender ``sizes.repeats`` times, interleaved; the median of each is kept."""
+    single: dict[str, list[float]] = {}
+    bulk: dict[str, list[float]] = {}
+    for repeat in range(sizes.repeats):
+        for system in ENQUEUERS:
+            log(f"enqueue: {system.name} ({repeat + 1}/{sizes.repeats})")
+            answers = [(single, harness.measure(system.client, "enqueue_single", system.database,
+                                                env=system.env, n=sizes.enqueue_single))]
+            if system.client != "django-tasks-db":  # it has no bulk enqueue
+                answers.append((bulk, harness.measure(system.client, "enqueue_bulk",
+                                                      system.database, env=system.env,
+                                                      n=sizes.enqueue_bulk)))
+            for table, rates in answers:
+                for name, rate in rates.items():
+                    if key := _variant(name, system):
+                        table.setdefault(key, []).append(rate)
+        single.setdefault("floor", []).append(
+            floor.enqueue_single(FLOOR_DATABASE, sizes.enqueue_single)["floor"])
+        bulk.setdefault("floor", []).append(
+            floor.enqueue_bulk(FLOOR_DATABASE, sizes.enqueue_bulk)["floor"])
+    return {
+        "single_per_s": {k: _median(v) for k, v in single.items()},
+        "bulk_per_s": {k: _median(v) for k, v in bulk.items()},
+        "single_runs": single, "bulk_runs": bulk, "bulk_chunk": 1000,
+    }
+
+
+def _variant(name: str, system: System) -> str | None:
+    """The name a figure is kept under; a variant keeps its own, not its ORM baselines."""
+    if not system.kind:
+        return name
+    return system.name if name == system.kind else None
 
 
 def _drain_system(
     system: System, jobs: int, processes: int, concurrency: int, batch: int, sizes: Sizes
 ) -> dict[str, Any]:
-    log_path = RESULTS / "logs" / f"drain-{system.name}.log"
+    log_path = RESULTS / "logs" / f"drain-{system.client}.log"
     command = system.worker_command(burst=True, concurrency=concurrency, batch=batch)
-    harness.measure(system.name, "reset", system.database)
-    startup = harness.startup_cpu(system.database, command, log_path)
-    harness.measure(system.name, "preload", system.database, n=jobs)
+    harness.measure(system.client, "reset", system.database)
+    startup = harness.startup_cpu(system.database, command, log_path, system.env)
+    harness.measure(system.client, "preload", system.database, n=jobs)
     result = harness.drain(
         system.database, system.remaining_sql, jobs, [command] * processes, log_path,
-        timeout=sizes.drain_timeout, startup_cpu_seconds=startup,
+        timeout=sizes.drain_timeout, startup_cpu_seconds=startup, env=system.env,
     )
-    harness.measure(system.name, "reset", system.database)
+    harness.measure(system.client, "reset", system.database)
     return {"system": system.name, "processes": processes, "concurrency": concurrency,
             "batch": batch, **result.as_dict()}
 
@@ -114,16 +142,36 @@ def _drain_floor(jobs: int, clients: int, batch: int, sizes: Sizes) -> dict[str,
             **result.as_dict()}
 
 
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ordered = sorted(rows, key=lambda r: r["jobs_per_s"])
+    return {**ordered[len(ordered) // 2], "runs": [round(r["jobs_per_s"]) for r in rows]}
+
+
 def run_drain(sizes: Sizes) -> list[dict[str, Any]]:
-    rows = []
-    for processes, concurrency, batch in PGJOBS_DRAINS:
+    p, c, b = PGJOBS_DRAINS[0]
+    # The comparisons the targets rest on run ``repeats`` times, interleaved, and keep the
+    # median: on a shared machine a single run says more about the neighbours than the queue.
+    headline = [
+        ("pgjobs", lambda: _drain_system(PGJOBS, sizes.drain_jobs, p, c, b, sizes)),
+        ("pgjobs (server-side binding)",
+         lambda: _drain_system(PGJOBS_PREPARED, sizes.drain_jobs, p, c, b, sizes)),
+        ("pgbench floor", lambda: _drain_floor(sizes.floor_jobs, p * c, b, sizes)),
+        ("pgqueuer", lambda: _drain_system(PGQUEUER, sizes.drain_jobs, p, 1, b, sizes)),
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in headline}
+    for repeat in range(sizes.repeats):
+        for name, action in headline:
+            log(f"drain: {name} {p} processes, batch {b} ({repeat + 1}/{sizes.repeats})")
+            runs[name].append(action())
+    rows = [_median_row(r) for r in runs.values()]
+    for processes, concurrency, batch in PGJOBS_DRAINS[1:]:
         log(f"drain: pgjobs {processes} processes x {concurrency} threads, batch {batch}")
         rows.append(_drain_system(PGJOBS, sizes.drain_jobs, processes, concurrency, batch, sizes))
-    for clients, batch in sorted({(p * c, b) for p, c, b in PGJOBS_DRAINS}):
+    for clients, batch in sorted({(p * c, b) for p, c, b in PGJOBS_DRAINS[1:]}):
+        if (clients, batch) == (p * c, b):
+            continue
         log(f"drain: pgbench floor {clients} clients, batch {batch}")
         rows.append(_drain_floor(sizes.floor_jobs, clients, batch, sizes))
-    log("drain: pgqueuer 4 processes, batch 10")
-    rows.append(_drain_system(PGQUEUER, sizes.drain_jobs, 4, 1, 10, sizes))
     for peer in (PROCRASTINATE, DJANGO_TASKS_DB):
         log(f"drain: {peer.name} 4 processes")
         rows.append(_drain_system(peer, sizes.slow_peer_jobs, 4, 1, 1, sizes))
@@ -157,6 +205,11 @@ def run_history(sizes: Sizes) -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     version = harness.execute("postgres", "SHOW server_version")[0][0]
+    server = dict(harness.execute(
+        "postgres",
+        "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
+        [["shared_buffers", "synchronous_commit", "autovacuum", "max_connections", "fsync"]],
+    ))
     memory_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                      if line.startswith("MemTotal"))
     cpu = next((line.split(":", 1)[1].strip()
@@ -171,7 +224,8 @@ def machine() -> dict[str, Any]:
             packages[name] = None
     return {
         "cores": os.cpu_count(), "cpu": cpu, "memory_gib": round(memory_kb / 1024 / 1024, 1),
-        "postgresql": version, "python": platform.python_version(), "packages": packages,
+        "postgresql": version, "server_settings": server, "python": platform.python_version(),
+        "packages": packages, "load_average_at_start": os.getloadavg()[0],
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=harness.ROOT,
                                  capture_output=True, text=True).stdout.strip(),
     }

@@ -62,6 +62,21 @@ class Producer(threading.Thread):
             connections.close_all()
 
 
+class Vacuumer(threading.Thread):
+    """VACUUM the queue tables every ``interval`` seconds: autovacuum's part, when it is off."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.interval = interval
+        self.runs = 0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            harness.execute(DATABASE, "VACUUM (ANALYZE) pgjobs_job, pgjobs_attempt")
+            self.runs += 1
+
+
 def probe_claims(batches: int = 10, batch: int = 10) -> list[float]:
     """Claim ``batches`` batches from the probe queue and settle them; ms per claim."""
     from django.db import transaction
@@ -85,7 +100,7 @@ def probe_claims(batches: int = 10, batch: int = 10) -> list[float]:
     return timings
 
 
-def sample(elapsed: float, producer: Producer) -> dict[str, Any]:
+def sample(elapsed: float, producer: Producer, vacuums: int) -> dict[str, Any]:
     from django.db import connection
 
     claims = probe_claims()
@@ -100,7 +115,7 @@ def sample(elapsed: float, producer: Producer) -> dict[str, Any]:
         "t": round(elapsed), "enqueued": producer.enqueued, "ready": ready, "finished": finished,
         "job_live": job[0], "job_dead": job[1], "job_table_mb": job[2] / 2**20,
         "job_index_mb": job[3] / 2**20, "job_total_mb": job[4] / 2**20,
-        "job_autovacuums": job[5], "attempt_dead": attempt[1],
+        "job_vacuums": job[5] + vacuums, "attempt_dead": attempt[1],
         "attempt_total_mb": attempt[4] / 2**20,
         "claim_p50_ms": harness.percentile(claims, 50),
         "claim_max_ms": max(claims),
@@ -110,12 +125,12 @@ def sample(elapsed: float, producer: Producer) -> dict[str, Any]:
 def _row(s: dict[str, Any]) -> list[str]:
     return [str(s["t"]), f"{s['enqueued']:,}", f"{s['ready']:,}", f"{s['finished']:,}",
             f"{s['job_dead']:,}", _fmt(s["job_table_mb"], 1), _fmt(s["job_index_mb"], 1),
-            _fmt(s["attempt_total_mb"], 1), str(s["job_autovacuums"]),
+            _fmt(s["attempt_total_mb"], 1), str(s["job_vacuums"]),
             _fmt(s["claim_p50_ms"], 2), _fmt(s["claim_max_ms"], 2)]
 
 
 HEADERS = ["s", "enqueued", "ready", "finished rows", "job dead tuples", "job table MB",
-           "job indexes MB", "attempt total MB", "autovacuums", "claim p50 ms", "claim max ms"]
+           "job indexes MB", "attempt total MB", "vacuums", "claim p50 ms", "claim max ms"]
 
 
 def summary(samples: list[dict[str, Any]]) -> str:
@@ -142,10 +157,14 @@ def main() -> None:
     parser.add_argument("--retention-seconds", type=float, default=30.0,
                         help="retention of finished jobs for the workers' prune step")
     parser.add_argument("--prune-interval", type=float, default=5.0)
+    parser.add_argument("--vacuum-seconds", type=float, default=30.0,
+                        help="when the server's autovacuum is off, VACUUM the queue tables this "
+                             "often (0: never, to see what happens without vacuum)")
     parser.add_argument("--output", type=Path,
                         default=harness.ROOT / "bench" / "results" / "soak.json")
     args = parser.parse_args()
 
+    autovacuum = harness.execute("postgres", "SHOW autovacuum")[0][0] == "on"
     harness.recreate_database(DATABASE)
     harness.manage(DATABASE, "migrate", "--verbosity", "0")
     overrides = {
@@ -163,6 +182,15 @@ def main() -> None:
     print(f"soak: {args.minutes} min, {args.rate} jobs/s, {args.workers} worker processes, "
           f"retention {args.retention_seconds} s, prune every {args.prune_interval} s",
           file=sys.stderr)
+    vacuumer = Vacuumer(args.vacuum_seconds)
+    if autovacuum:
+        print("soak: the server's autovacuum is on and does the vacuuming", file=sys.stderr)
+    elif args.vacuum_seconds > 0:
+        print(f"soak: the server's autovacuum is off: the soak runs VACUUM (ANALYZE) on the "
+              f"queue tables every {args.vacuum_seconds} s in its place", file=sys.stderr)
+        vacuumer.start()
+    else:
+        print("soak: autovacuum is off and --vacuum-seconds 0: nothing vacuums", file=sys.stderr)
     command = [harness.PYTHON, harness.MANAGE, "pgjobs_worker", "--queue", "default",
                "--log-level", "WARNING"]
     workers = harness.Workers.start([command] * args.workers, env,
@@ -175,10 +203,11 @@ def main() -> None:
     try:
         while (elapsed := time.monotonic() - start) < args.minutes * 60:
             time.sleep(min(args.sample_seconds, max(0.0, args.minutes * 60 - elapsed)))
-            samples.append(sample(time.monotonic() - start, producer))
+            samples.append(sample(time.monotonic() - start, producer, vacuumer.runs))
             print(" | ".join(_row(samples[-1])), flush=True)
     finally:
         producer.stopping.set()
+        vacuumer.stopping.set()
         producer.join(10)
         workers.stop()
     print()
@@ -187,7 +216,8 @@ def main() -> None:
     print(summary(samples))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"args": vars(args) | {"output": str(args.output)},
-                                       "samples": samples}, indent=2))
+                                       "server_autovacuum": autovacuum, "samples": samples},
+                                      indent=2))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench import harness
 
@@ -12,22 +12,29 @@ class System:
     name: str
     database: str
     remaining_sql: str
+    # Which client and worker: the name, unless this is a variant of another system.
+    kind: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def client(self) -> str:
+        return self.kind or self.name
 
     def worker_command(
         self, *, burst: bool, concurrency: int = 1, batch: int = 10
     ) -> list[str]:
         py, manage = harness.PYTHON, harness.MANAGE
-        if self.name == "pgjobs":
+        if self.client == "pgjobs":
             return [py, manage, "pgjobs_worker", "--concurrency", str(concurrency),
                     "--batch-size", str(batch), "--log-level", "WARNING",
                     *(["--burst"] if burst else [])]
-        if self.name == "django-tasks-db":
+        if self.client == "django-tasks-db":
             return [py, manage, "db_worker", "--no-startup-delay", "--no-reload",
                     *(["--batch"] if burst else [])]
-        if self.name == "procrastinate":
+        if self.client == "procrastinate":
             return [py, "-m", "bench.peers.procrastinate_app", "--concurrency", str(concurrency),
                     *(["--burst"] if burst else [])]
-        if self.name == "pgqueuer":
+        if self.client == "pgqueuer":
             return [py, "-m", "bench.peers.pgqueuer_peer", "--dsn", harness.dsn(self.database),
                     "--batch-size", str(batch), *(["--burst"] if burst else [])]
         raise ValueError(f"no worker for {self.name}")
@@ -36,6 +43,12 @@ class System:
 PGJOBS = System(
     "pgjobs", "bench_pgjobs",
     "SELECT count(*) FROM pgjobs_job WHERE status IN ('ready', 'running')",
+)
+# The same code with Django's server_side_binding option: psycopg then prepares statements
+# that a connection runs repeatedly, so PostgreSQL plans them once.
+PGJOBS_PREPARED = System(
+    "pgjobs (server-side binding)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
+    env={"BENCH_SERVER_SIDE_BINDING": "1"},
 )
 DJANGO_TASKS_DB = System(
     "django-tasks-db", "bench_dtd",

@@ -134,6 +134,22 @@ def _succeed(jobs: list[Any]) -> None:
     ])
 
 
+def _explained_claim(batch: int) -> dict[str, Any]:
+    """The server's side of one claim: buffers touched and execution time, which the machine's
+    noise barely moves (the claim runs under EXPLAIN ANALYZE and is rolled back)."""
+    try:
+        from django_pgjobs.explain import explain
+    except ImportError:  # a version without the EXPLAIN checks
+        return {}
+    report = explain("claim", batch=batch)
+    buffers = report.buffers
+    return {
+        "buffers": buffers["hit"] + buffers["read"], "rows_read": report.rows_read,
+        "server_ms": report.plan.get("Execution Time"),
+        "planning_ms": report.plan.get("Planning Time"),
+    }
+
+
 def claim_history(
     sizes: list[int], claims: int = 200, batch: int = 10, ready: int = 20000
 ) -> dict[str, Any]:
@@ -169,6 +185,7 @@ def claim_history(
         results.append({
             "finished_rows": size, "p50_ms": percentile(timings, 50),
             "p99_ms": percentile(timings, 99), "mean_ms": sum(timings) / len(timings),
+            **_explained_claim(batch),
         })
     reset()
     return {"batch": batch, "ready": ready, "sizes": results}
