@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -243,6 +244,9 @@ class Slot:
     job: ClaimedJob | None = None
     heartbeat: bool = False
     abandoned: bool = False
+    # Claimed jobs waiting their turn behind ``job``; the watchdog may release them from here.
+    waiting: deque[ClaimedJob] = field(default_factory=deque)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Worker:
@@ -471,19 +475,28 @@ class Worker:
             connections.close_all()
 
     def _run_batch(self, slot: Slot, jobs: list[ClaimedJob]) -> None:
-        for position, job in enumerate(jobs):
-            if self._stop.is_set() or slot.abandoned:
-                for unstarted in jobs[position:]:
-                    self._settler.put(Outcome.release(unstarted, "worker stopping"))
-                return
-            if job.lease_left_seconds() < job.lease_seconds / 2:
-                # Waiting behind its batch used half the lease: hand it back rather than start
-                # work that may outlive the lease.
-                self._settler.put(Outcome.release(job, "lease too short to start"))
-                continue
-            handler = registry.get(job.task)
+        with slot.lock:
+            slot.waiting.extend(jobs)
+        while True:
+            with slot.lock:
+                if not slot.waiting:
+                    return
+                if self._stop.is_set() or slot.abandoned:
+                    self._release_waiting(slot, "worker stopping")
+                    return
+                job = slot.waiting.popleft()
+                if job.lease_left_seconds() < job.lease_seconds / 2:
+                    # Waiting behind its batch used half the lease: hand it back rather than
+                    # start work that may outlive the lease.
+                    self._settler.put(Outcome.release(job, "lease too short to start"))
+                    continue
+                handler = registry.get(job.task)
+                slot.job, slot.heartbeat = job, bool(handler and handler.heartbeat)
+                if slot.heartbeat:
+                    # A declared-long job holds this executor for longer than the others'
+                    # leases: let other executors and workers have them now.
+                    self._release_waiting(slot, "batch behind a long-running job")
             ctx = JobContext(job, worker_id=self.worker_id, using=self.using)
-            slot.job, slot.heartbeat = job, bool(handler and handler.heartbeat)
             if slot.heartbeat:
                 self._settler.watch(ctx)
             try:
@@ -493,6 +506,11 @@ class Worker:
                     self._settler.unwatch(ctx)
                 slot.job = None
             self._settler.put(outcome)
+
+    def _release_waiting(self, slot: Slot, reason: str) -> None:
+        """Hand back the slot's unstarted jobs (the caller holds ``slot.lock``)."""
+        while slot.waiting:
+            self._settler.put(Outcome.release(slot.waiting.popleft(), reason))
 
     def _claim(self, limit: int) -> list[ClaimedJob]:
         queues = self._queue_order()
@@ -559,6 +577,7 @@ class Worker:
         # A handler that hangs past its lease (without heartbeats) has lost the job to the
         # rescue step; its thread cannot be killed, so give up on it and start a fresh one.
         for slot in list(self._slots):
+            self._release_stale_waiting(slot)
             job = slot.job
             if job is None or slot.heartbeat or slot.abandoned:
                 continue
@@ -567,6 +586,15 @@ class Worker:
                 logger.error("worker.abandon worker=%s job=%s task=%s ran past twice its lease; "
                              "starting a new executor", self.worker_id, job.id, job.task)
                 self._start_slot(Slot(len(self._slots)))
+
+    def _release_stale_waiting(self, slot: Slot) -> None:
+        # Jobs queued behind a slow handler must go back while their lease still holds, or
+        # the rescue step would count an attempt they never had.
+        with slot.lock:
+            stale = [j for j in slot.waiting if j.lease_left_seconds() < j.lease_seconds / 2]
+            for job in stale:
+                slot.waiting.remove(job)
+                self._settler.put(Outcome.release(job, "lease too short to start"))
 
     # --- logging ----------------------------------------------------------------------------
 

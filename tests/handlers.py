@@ -108,3 +108,14 @@ def hang_once(ctx: JobContext, payload: Any) -> str:
         gate.wait(30)
         return "late"
     return "second attempt"
+
+
+@job("tests.sleep", lease=timedelta(seconds=5))
+def sleep(ctx: JobContext, payload: Any) -> str:
+    time.sleep(payload["seconds"])
+    return "slept"
+
+
+@job("tests.short_lease", lease=timedelta(seconds=2))
+def short_lease(ctx: JobContext, payload: Any) -> str:
+    return "ok"

@@ -157,3 +157,41 @@ def test_a_handler_hanging_past_its_lease_is_abandoned_and_the_worker_goes_on() 
                     .values_list("outcome", flat=True))
     assert outcomes == [AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED]
     assert Job.objects.get(pk=hung.pk).result == "second attempt"
+
+
+def outcomes_of(job_id: int) -> list[str]:
+    return list(Attempt.objects.filter(job_id=job_id).order_by("id")
+                .values_list("outcome", flat=True))
+
+
+def test_jobs_queued_behind_a_declared_long_job_are_handed_back_at_once() -> None:
+    long_job = django_pgjobs.enqueue("tests.long", {"seconds": 2.0}, priority=10)
+    quick = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"i": i}) for i in range(3)])
+    worker = Worker(concurrency=2, batch_size=4, install_signals=False, poll_interval=0.05)
+    thread = run_in_thread(worker)
+    wait_for(lambda: Job.objects.get(pk=long_job.pk).status == JobStatus.SUCCEEDED, 20)
+    worker.stop()
+    thread.join(10)
+    long_done = Job.objects.get(pk=long_job.pk).finished_at
+    for job in quick:
+        stored = Job.objects.get(pk=job.pk)
+        assert stored.status == JobStatus.SUCCEEDED and stored.attempts == 1
+        assert stored.finished_at < long_done  # another executor ran them meanwhile
+        assert AttemptOutcome.LEASE_EXPIRED not in outcomes_of(job.pk)
+
+
+def test_jobs_waiting_behind_a_slow_handler_go_back_before_their_lease_expires() -> None:
+    slow = django_pgjobs.enqueue("tests.sleep", {"seconds": 3.0}, priority=10)  # lease 5 s
+    waiting = django_pgjobs.enqueue("tests.short_lease", {})  # lease 2 s
+    worker = Worker(concurrency=1, batch_size=2, install_signals=False, poll_interval=0.05)
+    thread = run_in_thread(worker)
+    wait_for(lambda: Job.objects.get(pk=slow.pk).status == JobStatus.SUCCEEDED, 20)
+    wait_for(lambda: Job.objects.get(pk=waiting.pk).status == JobStatus.SUCCEEDED, 20)
+    worker.stop()
+    thread.join(10)
+    # Released by the watchdog after half its lease (while the slow handler still ran), not
+    # rescued after expiry: no attempt was used up.
+    assert outcomes_of(waiting.pk) == [AttemptOutcome.RELEASED, AttemptOutcome.SUCCEEDED]
+    assert Job.objects.get(pk=waiting.pk).attempts == 1
+    released = Attempt.objects.filter(job_id=waiting.pk).first()
+    assert released.finished_at < Job.objects.get(pk=slow.pk).finished_at
