@@ -10,16 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_pgjobs.explain import DEFAULT_MAX_ROWS_FACTOR, HOT_QUERIES, explain
-
-
-def _batch(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 100_000:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 100000, got {value}")
-    return value
+from django_pgjobs.management.arguments import queue_name, whole_number
 
 
 def _factor(text: str) -> float:
@@ -32,12 +23,6 @@ def _factor(text: str) -> float:
     return value
 
 
-def _queue(text: str) -> str:
-    if not text or len(text) > 64:
-        raise argparse.ArgumentTypeError("a queue name has 1 to 64 characters")
-    return text
-
-
 class Command(BaseCommand):
     help = (
         "Run the real claim query (and, with --query, the other hot queries) under EXPLAIN "
@@ -47,9 +32,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--queue", "-q", type=_queue, default="default",
+        parser.add_argument("--queue", "-q", type=queue_name, default="default",
                             help="queue to claim from (default: default)")
-        parser.add_argument("--batch-size", type=_batch, default=10,
+        parser.add_argument("--batch-size", type=whole_number(1, 100_000), default=10,
                             help="claim batch size, the LIMIT of each query (default 10)")
         parser.add_argument("--query", action="append", dest="queries",
                             choices=[*HOT_QUERIES, "all"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict
 from typing import Any
@@ -11,16 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_pgjobs.fit import Answer, Measurements, Verdict, judge, measure
-
-
-def _sample(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value <= 300:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 300 seconds, got {text}")
-    return value
+from django_pgjobs.management.arguments import seconds
 
 
 class Command(BaseCommand):
@@ -28,7 +18,7 @@ class Command(BaseCommand):
             "whether it is comfortably within PostgreSQL, to watch, or outgrowing it.")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--sample-seconds", type=_sample, default=5.0,
+        parser.add_argument("--sample-seconds", type=seconds(0, 300), default=5.0,
                             help="watch enqueues for this long to measure the live rate "
                                  "(0 skips it; default 5)")
         parser.add_argument("--json", action="store_true", help="print JSON")

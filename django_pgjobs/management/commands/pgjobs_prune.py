@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import Any
 
@@ -17,19 +16,10 @@ from django_pgjobs.maintenance import (
     prune_receipts,
     retention_seconds,
 )
+from django_pgjobs.management.arguments import whole_number
 from django_pgjobs.status import JobStatus
 
 STATES = [JobStatus.SUCCEEDED.value, JobStatus.CANCELLED.value, JobStatus.DEAD.value]
-
-
-def _whole(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 class Command(BaseCommand):
@@ -42,9 +32,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--state", action="append", choices=[*STATES, "receipts"],
                             dest="states", help="prune only this (repeatable); default: all")
-        parser.add_argument("--batch-size", type=_whole, default=None,
+        parser.add_argument("--batch-size", type=whole_number(1), default=None,
                             help="rows per transaction (default PGJOBS_PRUNE_BATCH)")
-        parser.add_argument("--max-batches", type=_whole, default=None,
+        parser.add_argument("--max-batches", type=whole_number(1), default=None,
                             help="stop each state after this many batches (default: no limit)")
         parser.add_argument("--dry-run", action="store_true",
                             help="count what would be deleted, delete nothing")

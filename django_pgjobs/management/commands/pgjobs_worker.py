@@ -10,40 +10,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
+from django_pgjobs.management.arguments import queue_name, seconds, whole_number
 from django_pgjobs.worker import Worker
-
-
-def _whole(low: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < 86400:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and less than 86400, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, got {value}")
-    return value
 
 
 def _queue(text: str) -> tuple[str, int | None]:
@@ -62,9 +30,10 @@ def _queue(text: str) -> tuple[str, int | None]:
             raise argparse.ArgumentTypeError(
                 f"{text!r}: the weight must be from 1 to 100, got {weight_value}"
             )
-    if not name or len(name) > 64:
-        raise argparse.ArgumentTypeError("a queue name has 1 to 64 characters")
-    return name, weight_value
+    return queue_name(name), weight_value
+
+
+_SECONDS = seconds(0, 86400, low_inclusive=False)
 
 
 class Command(BaseCommand):
@@ -75,20 +44,20 @@ class Command(BaseCommand):
                             help="queue to serve, as NAME or NAME:WEIGHT (repeatable; a queue "
                                  "of weight 3 gets 3 claim turns to another's 1 while both "
                                  "have work); default: every queue")
-        parser.add_argument("--concurrency", "-c", type=_whole(1), default=1,
+        parser.add_argument("--concurrency", "-c", type=whole_number(1), default=1,
                             help="executor threads, one database connection each (default 1)")
-        parser.add_argument("--batch-size", type=_whole(1), default=10,
+        parser.add_argument("--batch-size", type=whole_number(1), default=10,
                             help="jobs claimed per claim (default 10)")
-        parser.add_argument("--poll-interval", type=_seconds, default=None,
+        parser.add_argument("--poll-interval", type=_SECONDS, default=None,
                             help="seconds between polls when idle (default "
                                  "PGJOBS_POLL_INTERVAL_SECONDS)")
         parser.add_argument("--burst", action="store_true",
                             help="exit 0 once nothing is eligible")
-        parser.add_argument("--max-jobs", type=_whole(1), default=None,
+        parser.add_argument("--max-jobs", type=whole_number(1), default=None,
                             help="exit after claiming this many jobs")
         parser.add_argument("--worker-id", default=None,
                             help="name in leases and attempts (default host:pid:random)")
-        parser.add_argument("--shutdown-grace", type=_seconds, default=None,
+        parser.add_argument("--shutdown-grace", type=_SECONDS, default=None,
                             help="seconds running handlers get to finish after SIGTERM")
         parser.add_argument("--no-listen", action="store_false", dest="listen", default=None,
                             help="poll only: no LISTEN connection and no session state (for "
@@ -97,7 +66,7 @@ class Command(BaseCommand):
         parser.add_argument("--database", default="default", help="database alias")
         parser.add_argument("--log-level", default="INFO",
                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-        parser.add_argument("--metrics-port", type=_port, default=None,
+        parser.add_argument("--metrics-port", type=whole_number(0, 65535), default=None,
                             help="serve this worker's Prometheus metrics on 127.0.0.1:PORT "
                                  "(0 picks a free port, logged at start)")
         parser.add_argument("--metrics-stats", action="store_true",
