@@ -468,6 +468,16 @@ class Worker:
                     self._idle(generation)
                     continue
                 self.counters.add_claimed(len(jobs))
+                if logger.isEnabledFor(logging.DEBUG):
+                    for job in jobs:
+                        logger.debug(
+                            "job.claimed id=%s task=%s attempt=%s worker=%s trace=%s queue=%s",
+                            job.id, job.task, job.attempt, self.worker_id, job.trace_id or "-",
+                            job.queue,
+                            extra={"pgjobs": {"job_id": job.id, "task": job.task,
+                                              "attempt": job.attempt, "worker": self.worker_id,
+                                              "trace_id": job.trace_id, "outcome": "claimed"}},
+                        )
                 for listener in self.claim_listeners:
                     listener(jobs)
                 self._run_batch(slot, jobs)

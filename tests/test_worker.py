@@ -195,3 +195,19 @@ def test_jobs_waiting_behind_a_slow_handler_go_back_before_their_lease_expires()
     assert Job.objects.get(pk=waiting.pk).attempts == 1
     released = Attempt.objects.filter(job_id=waiting.pk).first()
     assert released.finished_at < Job.objects.get(pk=slow.pk).finished_at
+
+
+def test_every_transition_logs_one_structured_line(caplog) -> None:
+    job = django_pgjobs.enqueue("tests.ok", {}, trace_id="req-7")
+    with caplog.at_level("DEBUG", logger="django_pgjobs"):
+        Worker(burst=True, install_signals=False, poll_interval=0.05,
+               worker_id="logging-worker").run()
+    lines = [r for r in caplog.records if getattr(r, "pgjobs", {}).get("job_id") == job.pk]
+    assert [r.pgjobs["outcome"] for r in lines] == ["claimed", "succeeded"]
+    for record in lines:
+        assert record.pgjobs["task"] == "tests.ok"
+        assert record.pgjobs["attempt"] == 1
+        assert record.pgjobs["worker"] == "logging-worker"
+        assert record.pgjobs["trace_id"] == "req-7"
+    assert lines[1].pgjobs["duration_ms"] is not None
+    assert "trace=req-7" in lines[1].getMessage()
