@@ -212,7 +212,11 @@ def encode_payload(payload: Any) -> str:
 def _check_json(value: Any, path: str) -> None:
     # Stricter than json.dumps: it would turn tuples into lists and int keys into strings, so
     # the handler would get back something other than what was enqueued.
-    if value is None or isinstance(value, str | bool | int):
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise PayloadNotJSON(path, "contains a NUL character, which PostgreSQL cannot store")
+        return
+    if value is None or isinstance(value, bool | int):
         return
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -115,6 +115,8 @@ def test_enqueue_many_is_one_statement_in_order() -> None:
          "payload['items'][1]['x']: set is not JSON"),
         (lambda: django_pgjobs.enqueue("tests.ok", {1: "a"}), PayloadNotJSON,
          "key 1 is a int, not a string"),
+        (lambda: django_pgjobs.enqueue("tests.ok", {"x": "a\x00b"}), PayloadNotJSON,
+         "payload['x']: contains a NUL character"),
         (lambda: django_pgjobs.enqueue("tests.ok", {"x": float("nan")}), PayloadNotJSON,
          "not a finite number"),
         (lambda: django_pgjobs.enqueue("tests.ok", ("a", "b")), PayloadNotJSON,
