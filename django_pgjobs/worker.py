@@ -506,6 +506,9 @@ class Worker:
                     # A declared-long job holds this executor for longer than the others'
                     # leases: let other executors and workers have them now.
                     self._release_waiting(slot, "batch behind a long-running job")
+            # An earlier job of the batch may have left the connection broken (the server cut
+            # it mid-handler): reconnect now rather than fail this job on it as well.
+            refresh_connection(self.using)
             ctx = JobContext(job, worker_id=self.worker_id, using=self.using)
             if slot.heartbeat:
                 self._settler.watch(ctx)

@@ -6,6 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 
 import django_pgjobs
@@ -19,6 +20,7 @@ from django_pgjobs.transitions import (
     settle,
 )
 from django_pgjobs.worker import Worker
+from testproject.chaos.models import Run
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,3 +73,28 @@ def test_an_idle_settler_flushes_a_new_outcome_within_the_flush_interval():
         assert time.monotonic() - put_at < 0.5
     finally:
         settler.stop(5)
+
+
+@pytest.mark.slow
+def test_jobs_after_a_lost_connection_in_the_same_batch_run_on_a_fresh_one(start_worker):
+    # One claim brings the held job and its followers; the worker's connections are cut while
+    # the first holds. The held job fails (its connection died under it); the followers must
+    # not inherit the dead connection and fail with it, each losing an attempt.
+    held = django_pgjobs.enqueue("chaos.plain_effect", {"key": "held", "hold": "before_effect"},
+                                 priority=10)
+    followers = [django_pgjobs.enqueue("chaos.tick", {"n": i}, lease=30).pk for i in range(3)]
+    worker = start_worker("--worker-id", "cut", "--concurrency", "1", "--batch-size", "10",
+                          PGAPPNAME="cut")
+    wait_for(lambda: Run.objects.filter(job_id=held.pk, stage=Run.Stage.HOLDING).exists(), 30)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                       "WHERE application_name = 'cut'")
+        assert cursor.fetchone()[0] >= 2  # the executor's and the settler's
+    wait_for(lambda: Job.objects.filter(pk__in=[held.pk, *followers],
+                                        status=JobStatus.SUCCEEDED).count() == 4, 30)
+    assert list(Attempt.objects.filter(job_id=held.pk).order_by("id").values_list(
+        "outcome", "failure_class")) == [(AttemptOutcome.FAILED, "transient"),
+                                         (AttemptOutcome.SUCCEEDED, "")]
+    assert list(Attempt.objects.filter(job_id__in=followers).values_list(
+        "number", "outcome")) == [(1, AttemptOutcome.SUCCEEDED)] * 3
+    assert worker.proc.poll() is None, worker.output()
