@@ -31,6 +31,10 @@ SETTLED_BY_HOLDER = {
 UNCOUNTED_CLASSES = {FailureClass.UNKNOWN_TASK, FailureClass.UNSUPPORTED_VERSION}
 # Main-loop tick (0.25 s), process scheduling on a busy host, the claim and the handler's start.
 SCHEDULING_SLACK_SECONDS = 1.5
+# Attempt.claimed_at is the claim transaction's now(): the time of its BEGIN, a round trip
+# before the claim statement found the row ready. A claim that followed a settlement can
+# therefore be stamped a little before the settlement's own now().
+CLAIM_TIMESTAMP_SKEW = timedelta(seconds=0.25)
 
 
 @dataclass
@@ -128,20 +132,25 @@ def every_job_ended(snap: Snapshot, record: RunRecord) -> Check:
 
 
 def leases_never_overlap(snap: Snapshot) -> Check:
-    problems, compared = [], 0
+    problems, compared, close = [], 0, 0
     for job_id, attempts in snap.attempts.items():
         job = snap.jobs[job_id]
         held_until: datetime | None = None
         for attempt in attempts:
             compared += 1
             if held_until is not None and attempt.claimed_at < held_until:
-                problems.append(f"job {job_id}: attempt {attempt.number} by "
-                                f"{attempt.worker_id} claimed at {attempt.claimed_at} while a "
-                                f"lease ran to {held_until}")
+                if attempt.claimed_at >= held_until - CLAIM_TIMESTAMP_SKEW:
+                    close += 1
+                else:
+                    problems.append(f"job {job_id}: attempt {attempt.number} by "
+                                    f"{attempt.worker_id} claimed at {attempt.claimed_at} while "
+                                    f"a lease ran to {held_until}")
             end = lease_end(attempt, job)
             held_until = end if held_until is None else max(held_until, end)
     return _check("no job was leased to two workers at once", problems,
-                  f"{compared} attempts on {len(snap.attempts)} jobs")
+                  f"{compared} attempts on {len(snap.attempts)} jobs; {close} claims stamped "
+                  f"less than {CLAIM_TIMESTAMP_SKEW.total_seconds():g}s before the previous "
+                  "lease's end (the claim's timestamp is its transaction's start)")
 
 
 def runs_never_overlap(snap: Snapshot) -> Check:
@@ -312,24 +321,37 @@ def targets_as_expected(snap: Snapshot, record: RunRecord) -> Check:
 
 
 def recoveries(snap: Snapshot, record: RunRecord) -> dict[str, list[float]]:
-    """Seconds from each kill or stop to the next claim of each job it interrupted."""
-    found: dict[str, list[float]] = {"targeted": [], "random": []}
-    targeted = {t.job_id: t for t in record.targets}
+    """Seconds from each kill or stop to what became of each job it interrupted.
+
+    ``targeted``: to the next claim of the held job, which jumps the queue. For every other job
+    the fault interrupted (``bystanders``): to the rescue step taking its lease back, and to
+    its next claim, which also counts the time it queued behind other ready work.
+    """
+    found: dict[str, list[float]] = {"targeted": [], "bystanders_rescued": [],
+                                     "bystanders_reclaimed": []}
+    targeted = {t.job_id: t.name for t in record.targets}
     for fault in record.faults:
         if fault.kind not in ("kill", "stop"):
             continue
-        origin = "random" if fault.origin == "random" else "targeted"
         for job_id in set(fault.interrupted):
-            if origin == "targeted" and (job_id not in targeted
-                                         or targeted[job_id].name != fault.origin):
-                continue  # bystanders of a targeted fault queue behind the bulk work
-            later = [a.claimed_at for a in snap.attempts.get(job_id, [])
-                     if a.claimed_at > fault.at]
-            struck = [a for a in snap.attempts.get(job_id, []) if a.claimed_at <= fault.at
-                      and a.worker_id == fault.worker_id]
-            if later and struck and struck[-1].outcome in (
+            attempts = snap.attempts.get(job_id, [])
+            struck = [a for a in attempts
+                      if a.claimed_at <= fault.at and a.worker_id == fault.worker_id]
+            later = [a.claimed_at for a in attempts if a.claimed_at > fault.at]
+            if not struck or struck[-1].outcome not in (
                     AttemptOutcome.LEASE_EXPIRED, AttemptOutcome.LOST):
-                found[origin].append((min(later) - fault.at).total_seconds())
+                continue  # it finished or was handed back before the fault took hold
+            reclaimed = (min(later) - fault.at).total_seconds() if later else None
+            if targeted.get(job_id) == fault.origin:
+                if reclaimed is not None:
+                    found["targeted"].append(reclaimed)
+                continue
+            # A lost attempt's finished_at is its late report, not its rescue.
+            if struck[-1].outcome == AttemptOutcome.LEASE_EXPIRED and struck[-1].finished_at:
+                found["bystanders_rescued"].append(
+                    (struck[-1].finished_at - fault.at).total_seconds())
+            if reclaimed is not None:
+                found["bystanders_reclaimed"].append(reclaimed)
     return found
 
 
@@ -343,9 +365,10 @@ def recovery_bounded(snap: Snapshot, record: RunRecord, lease_seconds: float) ->
         problems.append(f"{expected} targeted kills and stops, {len(found['targeted'])} "
                         "recoveries measured")
     return _check("recovery after a kill or stop is bounded", problems,
-                  f"targeted: max {_max(found['targeted'])}, bound {bound:.2f}s; random-fault "
-                  f"bystanders (not bounded: they queue behind other work): max "
-                  f"{_max(found['random'])}")
+                  f"targeted: claimed again within {_max(found['targeted'])}, bound "
+                  f"{bound:.2f}s; other interrupted jobs: rescued within "
+                  f"{_max(found['bystanders_rescued'])}, claimed again within "
+                  f"{_max(found['bystanders_reclaimed'])} (queueing included)")
 
 
 def replays_deduplicated(snap: Snapshot, record: RunRecord) -> Check:
@@ -374,6 +397,8 @@ def workers_held_up(snap: Snapshot, record: RunRecord) -> Check:
         problems.append(f"{len(crashes)} worker deaths the harness did not cause "
                         f"({sorted({e.returncode for e in crashes})}); the poison ran "
                         f"{poison_runs} times")
+    problems += [f"{e.worker_id} exited with {e.returncode}; its log ends:\n{e.log_tail}"
+                 for e in crashes if e.returncode != -9]
     for restart in record.restarts:
         silent = set(restart.workers_expected) - set(restart.workers_resumed)
         if silent:
@@ -455,7 +480,10 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
             a.reported_outcome for rows in snap.attempts.values() for a in rows
             if a.outcome == AttemptOutcome.LOST)),
         "recovery_targeted_max_s": max(found["targeted"], default=None),
-        "recovery_random_max_s": max(found["random"], default=None),
+        "recovery_bystanders_rescued_max_s": max(found["bystanders_rescued"], default=None),
+        "recovery_bystanders_reclaimed_max_s": max(found["bystanders_reclaimed"], default=None),
+        "recovery_bystanders_reclaimed_median_s": statistics.median(
+            found["bystanders_reclaimed"]) if found["bystanders_reclaimed"] else None,
         "recovery_bound_s": recovery_bound_seconds(lease_seconds),
         "flood": flood_figures,
         "replayed_enqueues": sum(len(v) for v in record.replays.calls.values()),

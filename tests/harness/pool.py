@@ -50,6 +50,8 @@ class Exit:
     pid: int
     returncode: int
     caused_by_harness: bool
+    # The end of the worker's log when it died of something else than a SIGKILL.
+    log_tail: str = ""
 
 
 @dataclass
@@ -99,7 +101,12 @@ class WorkerPool:
                     code = member.proc.poll()
                     if code is None or self._closing.is_set():
                         continue
-                    self.exits.append(Exit(member.worker_id, member.pid, code, member.doomed))
+                    tail = ""
+                    if code != -9:
+                        lines = member.log_path.read_text(errors="replace").splitlines()
+                        tail = "\n".join(lines[-40:])
+                    self.exits.append(Exit(member.worker_id, member.pid, code, member.doomed,
+                                           tail))
                     self._spawn(slot)
 
     def running(self) -> list[Member]:
