@@ -22,22 +22,34 @@ _COLORS = {"pgjobs": "#1f6f4a", "pgbench floor": "#9aa0a6", "pgqueuer": "#d97706
            "procrastinate": "#7c3aed", "django-tasks-db": "#2563eb"}
 
 
+_ORDER = ["pgjobs", "pgjobs (server-side binding)", "pgqueuer", "procrastinate",
+          "django-tasks-db", "pgbench floor"]
+_SHORT = {"pgjobs (server-side binding)": "pgjobs prepared"}
+
+
 def _label(row: dict[str, Any]) -> str:
-    if row["system"] == "pgjobs":
-        threads = f"x{row['concurrency']}t" if row["concurrency"] > 1 else ""
-        return f"pgjobs {row['processes']}p{threads} b{row['batch']}"
+    name = _SHORT.get(row["system"], row["system"])
     if row["system"] == "pgbench floor":
-        return f"floor {row['processes']}c b{row['batch']}"
-    return f"{row['system']} {row['processes']}p"
+        return f"floor {row['processes']} clients b{row['batch']}"
+    threads = f"x{row['concurrency']}t" if row["concurrency"] > 1 else ""
+    batch = f" b{row['batch']}" if row["system"] != "procrastinate" and row["system"] != (
+        "django-tasks-db") else ""
+    return f"{name} {row['processes']}p{threads}{batch}"
+
+
+def _color(system: str) -> str:
+    return _COLORS.get(system, _COLORS["pgjobs"] if system.startswith("pgjobs") else "#555")
 
 
 def draw(results: dict[str, Any], out: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5),
                                       gridspec_kw={"width_ratios": [1.6, 1]})
-    drain = results.get("drain", [])
+    drain = sorted(results.get("drain", []), key=lambda r: (
+        _ORDER.index(r["system"]) if r["system"] in _ORDER else len(_ORDER),
+        r["processes"] * r["concurrency"], r["batch"]))
     labels = [_label(r) for r in drain]
     rates = [r["jobs_per_s"] for r in drain]
-    left.barh(labels, rates, color=[_COLORS.get(r["system"], "#555") for r in drain])
+    left.barh(labels, rates, color=[_color(r["system"]) for r in drain])
     left.invert_yaxis()
     left.set_xlabel("jobs/s (no-op jobs, steady state)")
     left.set_title("Drain throughput")

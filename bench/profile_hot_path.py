@@ -6,7 +6,10 @@
    ReadyForQuery the server sends ends one round trip), and around single and bulk enqueues.
 2. Worker CPU: py-spy samples a real ``pgjobs_worker --burst`` draining ``--jobs`` no-op jobs;
    samples are grouped by phase (claim, execute, settle, wake-ups, maintenance) and by function.
-3. Enqueue CPU: cProfile over single enqueues and one bulk enqueue, by own time.
+3. Server time: planning and execution of the claim, the settle and the enqueue INSERT, read
+   from EXPLAIN ANALYZE in transactions that are rolled back (median of several).
+4. Enqueue CPU: where one ``enqueue_many`` of 1000 jobs spends its time, then cProfile over
+   single enqueues and bulk enqueues, by own time.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import argparse
 import collections
 import cProfile
 import io
+import json
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -127,6 +133,84 @@ def worker_profile(jobs: int, out: Path) -> tuple[list[list[str]], list[list[str
     return phase_rows, top_rows, total
 
 
+def _explained(statement: str, params: list[Any]) -> tuple[float, float]:
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+            plan = cursor.fetchone()[0]
+        transaction.set_rollback(True)
+    plan = (plan if isinstance(plan, list) else json.loads(plan))[0]
+    return plan["Planning Time"], plan["Execution Time"]
+
+
+def server_times(repeats: int = 9) -> list[list[str]]:
+    """Median planning and execution time of each hot statement, as the server reports them."""
+    from django_pgjobs import JobSpec, enqueue_many, sql
+    from django_pgjobs.enqueuing import _validate
+
+    enqueue_many([JobSpec.of("bench.noop", {"n": i}) for i in range(2000)])
+    rows = []
+    try:
+        from django_pgjobs.explain import explain
+    except ImportError:
+        explain = None
+    for name in ("claim", "settle"):
+        for batch in (10, 50):
+            if explain is None:
+                continue
+            runs = sorted(
+                ((r.plan["Planning Time"], r.plan["Execution Time"])
+                 for r in (explain(name, batch=batch) for _ in range(repeats))),
+                key=lambda t: t[1],
+            )
+            plan_ms, exec_ms = runs[len(runs) // 2]
+            rows.append([f"{name} (batch {batch})", f"{plan_ms:.3f}", f"{exec_ms:.3f}",
+                         f"{(plan_ms + exec_ms) * 1000 / batch:.0f}"])
+    for count in (1, 1000):
+        validated = [_validate(JobSpec.of("bench.noop", {"n": i})) for i in range(count)]
+        params: list[Any] = [list(c) for c in zip(*(r.values for r in validated), strict=True)]
+        params.append(True)
+        runs = sorted((_explained(sql.query("enqueue_jobs"), params) for _ in range(repeats)),
+                      key=lambda t: t[1])
+        plan_ms, exec_ms = runs[len(runs) // 2]
+        rows.append([f"enqueue_jobs INSERT ({count} job{'s' if count > 1 else ''})",
+                     f"{plan_ms:.3f}", f"{exec_ms:.3f}",
+                     f"{(plan_ms + exec_ms) * 1000 / count:.0f}"])
+    return rows
+
+
+def enqueue_breakdown(count: int = 1000, repeats: int = 5) -> list[list[str]]:
+    """Where one enqueue_many of ``count`` jobs goes: validation, binding, the statement."""
+    from django.db import connection, transaction
+    from psycopg import ClientCursor
+
+    from django_pgjobs import JobSpec, enqueue_many, sql
+    from django_pgjobs.enqueuing import _validate
+
+    connection.ensure_connection()
+    specs = [JobSpec.of("bench.noop", {"n": i}) for i in range(count)]
+    spent: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(repeats):
+        start = time.perf_counter()
+        validated = [_validate(spec) for spec in specs]
+        spent["validate (_validate per job: options, settings, Job(), JSON)"].append(
+            time.perf_counter() - start)
+        params: list[Any] = [list(c) for c in zip(*(r.values for r in validated), strict=True)]
+        params.append(True)
+        start = time.perf_counter()
+        ClientCursor(connection.connection).mogrify(sql.query("enqueue_jobs"), params)
+        spent["client-side binding of the 13 arrays (mogrify)"].append(
+            time.perf_counter() - start)
+        start = time.perf_counter()
+        with transaction.atomic():
+            enqueue_many(specs)
+        spent["enqueue_many in transaction.atomic, all told"].append(time.perf_counter() - start)
+    return [[label, f"{statistics.median(v) * 1000:.1f}",
+             f"{statistics.median(v) * 1e6 / count:.1f}"] for label, v in spent.items()]
+
+
 def enqueue_profile(n: int = 2000) -> tuple[str, str]:
     from django.db import transaction
 
@@ -174,6 +258,12 @@ def main() -> None:
     print(_table(["phase", "share of samples"], phases))
     print("\nWorker functions by own time")
     print(_table(["function (file:line)", "share"], top))
+    harness.measure("pgjobs", "reset", DATABASE)
+    print("\nServer time per statement (EXPLAIN ANALYZE, median; rolled back)")
+    print(_table(["statement", "planning ms", "execution ms", "µs per job"], server_times()))
+    harness.measure("pgjobs", "reset", DATABASE)
+    print("\nOne enqueue_many of 1000 jobs (median of 5)")
+    print(_table(["part", "ms", "µs per job"], enqueue_breakdown()))
     harness.measure("pgjobs", "reset", DATABASE)
     single, bulk = enqueue_profile()
     print("\nenqueue() x 2000, one per transaction: cProfile by own time\n" + single)

@@ -3,8 +3,9 @@
 ``python -m bench.soak [--minutes 3] [--rate 500]``: worker processes drain a steady stream of
 no-op jobs while the workers' own prune step deletes finished jobs past a short retention. Every
 sample prints dead tuples, table and index sizes, the ready backlog and the claim latency (a
-probe claims batches of 10 from its own queue), then a summary compares the last third of the
-run with the first: the figures should stay flat, not grow with the history that went by.
+probe claims batches of 10 from its own queue). A summary then compares the last third of the
+steady state with its first third: the figures should stay flat, not grow with the history
+that went by.
 """
 
 from __future__ import annotations
@@ -133,8 +134,14 @@ HEADERS = ["s", "enqueued", "ready", "finished rows", "job dead tuples", "job ta
            "job indexes MB", "attempt total MB", "vacuums", "claim p50 ms", "claim max ms"]
 
 
-def summary(samples: list[dict[str, Any]]) -> str:
-    """Compare the averages of the last third of the samples with the first third."""
+def summary(samples: list[dict[str, Any]], warmup_seconds: float) -> str:
+    """Compare the last third of the steady state with its first third.
+
+    The steady state starts once the first finished jobs have passed retention and been pruned,
+    and a vacuum has followed: before that the history is still filling up, as it should.
+    """
+    steady = [s for s in samples if s["t"] > warmup_seconds] or samples
+    samples = steady
     third = max(1, len(samples) // 3)
     first, last = samples[:third], samples[-third:]
     rows = []
@@ -213,7 +220,10 @@ def main() -> None:
     print()
     print(_table(HEADERS, [_row(s) for s in samples]))
     print()
-    print(summary(samples))
+    warmup = args.retention_seconds + args.prune_interval + args.vacuum_seconds
+    print(f"steady state: the samples after {warmup:.0f} s (retention, one prune interval and one "
+          "vacuum interval)")
+    print(summary(samples, warmup))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"args": vars(args) | {"output": str(args.output)},
                                        "server_autovacuum": autovacuum, "samples": samples},
