@@ -65,7 +65,8 @@ POLICY: dict[FailureClass, Rule] = {
         uses_attempt=True,
         bounded_by="first failure",
         examples="Permanent; ValidationError, PermissionDenied, ObjectDoesNotExist, "
-        "SuspiciousOperation; a payload that cannot be upgraded; a return value that is not JSON",
+        "SuspiciousOperation; a payload that cannot be upgraded; a return value that is not JSON "
+        "or that PostgreSQL cannot store (a NUL character)",
     ),
     FailureClass.LEASE_EXPIRED: Rule(
         retries=True,

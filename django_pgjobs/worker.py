@@ -22,11 +22,18 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    ProgrammingError,
+    connections,
+)
 
 from .conf import settings
 from .context import ClaimedJob, JobContext
@@ -41,6 +48,8 @@ logger = logging.getLogger("django_pgjobs.worker")
 
 _QUEUE_REFRESH_SECONDS = 1.0
 _RECONNECT_MAX_SECONDS = 5.0
+# How long an idle settler sleeps when nothing wakes it (new outcomes and due heartbeats do).
+_SETTLER_IDLE_SECONDS = 1.0
 
 
 def weighted_rotation(weights: Mapping[str, int]) -> list[str]:
@@ -83,6 +92,19 @@ def refresh_connection(using: str) -> None:
     max_age = connection.settings_dict.get("CONN_MAX_AGE")
     if max_age and connection.close_at is not None and time.monotonic() >= connection.close_at:
         reset_connection(using)
+
+
+def database_reachable(using: str) -> bool:
+    """Refresh this thread's connection and say whether the database answers."""
+    refresh_connection(using)
+    connection = connections[using]
+    if connection.connection is not None:
+        return True
+    try:
+        connection.ensure_connection()
+    except DatabaseError:
+        return False
+    return True
 
 
 def reset_connection(using: str) -> None:
@@ -178,7 +200,7 @@ class Settler(threading.Thread):
                         break
                     if self._stopping and not self._pending:
                         return
-                    waits = [1.0]
+                    waits = [_SETTLER_IDLE_SECONDS]
                     if self._pending:
                         waits.append(flush_after - (now - (self._oldest or now)))
                     if next_beat is not None:
@@ -188,6 +210,7 @@ class Settler(threading.Thread):
                 beats = [ctx for ctx, due in self._beats.values() if due <= time.monotonic()]
             try:
                 self._flush(batch)
+                batch = []  # settled: a heartbeat error below must not queue them again
                 self._heartbeat(beats)
                 backoff = 0.1
             except DatabaseError as exc:
@@ -208,9 +231,33 @@ class Settler(threading.Thread):
     def _flush(self, batch: Sequence[Outcome]) -> None:
         if not batch:
             return
-        won = settle(batch, using=self.worker.using)
+        try:
+            won = settle(batch, using=self.worker.using)
+        except (DataError, IntegrityError, ProgrammingError) as exc:
+            # Not a lost connection: something in one report cannot be stored. Retrying the
+            # batch would fail forever and hold back every other settlement of this worker.
+            won = self._settle_one_by_one(batch, exc)
         for outcome in batch:
-            self.worker.log_settled(outcome, won[outcome.lease_token])
+            if outcome.lease_token in won:
+                self.worker.log_settled(outcome, won[outcome.lease_token])
+
+    def _settle_one_by_one(
+        self, batch: Sequence[Outcome], exc: DatabaseError
+    ) -> dict[uuid.UUID, bool]:
+        logger.error("settler: %d outcomes could not be stored together (%s); settling them "
+                     "one at a time", len(batch), exc)
+        won: dict[uuid.UUID, bool] = {}
+        for outcome in batch:
+            for attempt in (outcome, _stripped(outcome)):
+                try:
+                    won.update(settle([attempt], using=self.worker.using))
+                    break
+                except (DataError, IntegrityError, ProgrammingError) as error:
+                    logger.error("settler: job %s: report not stored: %s", outcome.job_id, error)
+            else:
+                logger.error("settler: job %s: giving up on its report; its lease will expire "
+                             "and the rescue step will retry it", outcome.job_id)
+        return won
 
     def _heartbeat(self, contexts: Sequence[JobContext]) -> None:
         if not contexts:
@@ -233,6 +280,12 @@ class Settler(threading.Thread):
                     ctx._cancel_requested.set()
                 if ctx.job.id in self._beats:
                     self._beats[ctx.job.id] = (ctx, time.monotonic() + ctx.job.lease_seconds / 3)
+
+
+def _stripped(outcome: Outcome) -> Outcome:
+    """``outcome`` without the text and result that could not be stored."""
+    return replace(outcome, error="the worker's report could not be stored", traceback="",
+                   result_json=None)
 
 
 @dataclass
@@ -507,8 +560,14 @@ class Worker:
                     # leases: let other executors and workers have them now.
                     self._release_waiting(slot, "batch behind a long-running job")
             # An earlier job of the batch may have left the connection broken (the server cut
-            # it mid-handler): reconnect now rather than fail this job on it as well.
-            refresh_connection(self.using)
+            # it mid-handler): reconnect now rather than fail this job on it as well. While the
+            # database is unreachable, starting handlers would only burn their attempts.
+            if not database_reachable(self.using):
+                with slot.lock:
+                    slot.job, slot.heartbeat = None, False
+                    slot.waiting.appendleft(job)
+                    self._release_waiting(slot, "database unreachable")
+                return
             ctx = JobContext(job, worker_id=self.worker_id, using=self.using)
             if slot.heartbeat:
                 self._settler.watch(ctx)

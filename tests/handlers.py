@@ -119,3 +119,13 @@ def sleep(ctx: JobContext, payload: Any) -> str:
 @job("tests.short_lease", lease=timedelta(seconds=2))
 def short_lease(ctx: JobContext, payload: Any) -> str:
     return "ok"
+
+
+@job("tests.gated_db", lease=timedelta(seconds=30))
+def gated_db(ctx: JobContext, payload: Any) -> int:
+    """Block until the gate opens, then use the database."""
+    from django_pgjobs.models import Job
+
+    events.append(("gated-db-start", ctx.job_id))
+    gate.wait(10)
+    return Job.objects.count()

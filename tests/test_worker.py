@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
@@ -211,3 +211,84 @@ def test_every_transition_logs_one_structured_line(caplog) -> None:
         assert record.pgjobs["trace_id"] == "req-7"
     assert lines[1].pgjobs["duration_ms"] is not None
     assert "trace=req-7" in lines[1].getMessage()
+
+
+def test_a_report_that_cannot_be_stored_does_not_hold_back_the_others() -> None:
+    from django_pgjobs.status import TerminalReason
+    from django_pgjobs.transitions import Outcome, claim_jobs
+
+    good, bad = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {}) for _ in range(2)])
+    claimed = {c.id: c for c in claim_jobs("w", "default", 2)}
+    worker = Worker(install_signals=False, poll_interval=0.05)
+    worker._settler.start()
+    try:
+        for job, error in ((good, ""), (bad, "text PostgreSQL refuses: \x00")):
+            c = claimed[job.pk]
+            status = JobStatus.SUCCEEDED if not error else JobStatus.DEAD
+            worker._settler.put(Outcome(
+                c.id, c.lease_token, status,
+                AttemptOutcome.SUCCEEDED if not error else AttemptOutcome.DEAD,
+                terminal_reason=TerminalReason.SUCCEEDED if not error else "permanent_error",
+                error=error, failure_class="permanent" if error else "",
+            ))
+        wait_for(lambda: worker.counters.settled.get("dead") == 1, 20)
+    finally:
+        worker._settler.stop(5)
+    assert Job.objects.get(pk=good.pk).status == JobStatus.SUCCEEDED
+    stored = Job.objects.get(pk=bad.pk)
+    assert stored.status == JobStatus.DEAD
+    assert stored.last_error == "the worker's report could not be stored"
+
+
+def test_settling_the_same_report_twice_keeps_the_first_record() -> None:
+    from django_pgjobs.status import TerminalReason
+    from django_pgjobs.transitions import Outcome, claim_jobs, settle
+
+    job = django_pgjobs.enqueue("tests.ok", {})
+    [c] = claim_jobs("w", "default", 1)
+    report = Outcome(c.id, c.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
+                     terminal_reason=TerminalReason.SUCCEEDED, result_json='"once"')
+    assert settle([report]) == {c.lease_token: True}
+    # Sent again, as after a reply lost with the connection: nothing changes.
+    settle([report])
+    attempt = Attempt.objects.get(lease_token=c.lease_token)
+    assert (attempt.outcome, attempt.reported_outcome) == (
+        AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED
+
+
+def test_while_the_database_is_unreachable_claimed_jobs_are_released_not_run() -> None:
+    first = django_pgjobs.enqueue("tests.gated_db", {}, priority=10)
+    rest = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"i": i}) for i in range(2)])
+    worker = Worker(batch_size=3, install_signals=False, poll_interval=0.05)
+    thread = run_in_thread(worker)
+    # A session on the server's maintenance database closes the test database to everyone.
+    server = connections.create_connection("default")
+    server.settings_dict = {**server.settings_dict, "NAME": "postgres"}
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        test_pid = cursor.fetchone()[0]
+    try:
+        wait_for(lambda: ("gated-db-start", first.pk) in handlers.events, 10)
+        with server.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+            try:
+                cursor.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> %s", [name, test_pid]
+                )
+                handlers.gate.set()  # the handler's query fails; nobody can reconnect
+                wait_for(lambda: worker.counters.database_errors >= 2, 20)
+            finally:
+                cursor.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+        wait_for(lambda: all(Job.objects.get(pk=j.pk).status == JobStatus.SUCCEEDED
+                             for j in [first, *rest]), 30)
+    finally:
+        server.close()
+        worker.stop()
+        thread.join(10)
+    assert handlers.events.count(("ok", {"i": 0})) == 1  # ran once, after the outage
+    for job in rest:
+        assert outcomes_of(job.pk) == [AttemptOutcome.RELEASED, AttemptOutcome.SUCCEEDED]
+        assert Job.objects.get(pk=job.pk).attempts == 1

@@ -1,7 +1,8 @@
 -- name: claim_jobs
 -- The candidates CTE is the ORM's select_for_update(skip_locked=True) query over the claim index.
 -- Kept in its own CTE it is an optimisation fence: the planner cannot fold it into the UPDATE
--- and lock more rows than its LIMIT. Lease expiry comes from the database clock.
+-- and lock more rows than its LIMIT. Lease expiry comes from the database clock as of this
+-- statement, not of the transaction's BEGIN one round trip earlier.
 WITH candidates AS (
     {candidates}
 ), claimed AS (
@@ -10,10 +11,10 @@ WITH candidates AS (
         attempts = j.attempts + 1,
         lease_owner = %s,
         lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => j.lease_seconds),
-        heartbeat_at = now(),
-        started_at = COALESCE(j.started_at, now()),
-        updated_at = now()
+        lease_expires_at = statement_timestamp() + make_interval(secs => j.lease_seconds),
+        heartbeat_at = statement_timestamp(),
+        started_at = COALESCE(j.started_at, statement_timestamp()),
+        updated_at = statement_timestamp()
     FROM candidates AS c
     WHERE j.id = c.id
     RETURNING j.id, j.task, j.payload_version, j.payload, j.attempts, j.max_attempts,
@@ -22,7 +23,8 @@ WITH candidates AS (
 ), recorded AS (
     INSERT INTO pgjobs_attempt (job_id, number, worker_id, lease_token, claimed_at, outcome,
                                 reported_outcome, failure_class, error, traceback)
-    SELECT id, attempts, lease_owner, lease_token, now(), 'running', '', '', '', ''
+    SELECT id, attempts, lease_owner, lease_token, statement_timestamp(), 'running',
+           '', '', '', ''
     FROM claimed
 )
 SELECT id, task, payload_version, payload, attempts, max_attempts, snoozes, deadline,
@@ -73,7 +75,9 @@ SET finished_at = now(),
     duration_ms = r.duration_ms
 FROM reported AS r
 LEFT JOIN settled AS s ON s.token = r.token
-WHERE a.lease_token = r.token
+-- An attempt already settled stays as it is: a batch sent again after its reply was lost (the
+-- connection dropped after the commit) must not turn a won report into a lost one.
+WHERE a.lease_token = r.token AND a.outcome IN ('running', 'lease_expired')
 RETURNING r.token, s.token IS NOT NULL
 
 -- name: extend_leases
