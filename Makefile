@@ -60,7 +60,6 @@ $(BENCH_STAMP): pyproject.toml bench/requirements.txt
 
 bench: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.run $(BENCH_ARGS)
-	$(BENCH_PY) -m bench.chart
 
 soak: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.soak $(SOAK_ARGS)

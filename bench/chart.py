@@ -80,13 +80,18 @@ def draw(results: dict[str, Any], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
+def default_output(results: dict[str, Any]) -> Path:
+    """docs/benchmarks.png for a full run of every section, else a file under bench/results."""
+    # A quick or partial run only checks the runner: it must not replace the published chart.
+    if results.get("quick") or not ("drain" in results and "pickup" in results):
+        return ROOT / "bench" / "results" / "benchmarks-partial.png"
+    return ROOT / "docs" / "benchmarks.png"
+
+
 def main() -> None:
     source = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "bench/results/latest.json"
     results = json.loads(source.read_text())
-    # A quick run only checks the runner: it must not replace the published chart.
-    quick = results.get("quick")
-    default = "bench/results/benchmarks-quick.png" if quick else "docs/benchmarks.png"
-    out = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / default
+    out = Path(sys.argv[2]) if len(sys.argv) > 2 else default_output(results)
     draw(results, out)
     print(out)
 

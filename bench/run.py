@@ -2,7 +2,7 @@
 
 Everything runs against one PostgreSQL server (BENCH_DATABASE_URL, default the local one), each
 system in a ``bench_*`` database of its own, one after the other so none competes with another.
-Results also go to bench/results/latest.json, which ``python -m bench.chart`` draws.
+Results also go to bench/results/latest.json; the chart of a full run to docs/benchmarks.png.
 """
 
 from __future__ import annotations
@@ -254,6 +254,12 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2))
     print(report.render(results))
+    if "drain" in results or "pickup" in results:
+        from bench import chart  # matplotlib: only the bench virtualenv has it
+
+        out = chart.default_output(results)
+        chart.draw(results, out)
+        log(f"chart in {out}")
     log(f"done in {results['seconds']} s; results in {args.output}")
 
 
