@@ -142,6 +142,15 @@ def render(results: dict[str, Any]) -> str:
                 f"claim p50 at {sizes[-1]['finished_rows']:,} ÷ at {sizes[0]['finished_rows']:,}",
                 ratio, "<= 1.3", ratio <= 1.3))
 
+    experiments = results.get("experiments")
+    if experiments:
+        base = experiments[0]
+        rows = [[r["system"], _fmt(r["jobs_per_s"]), _fmt(r["jobs_per_s"] / base["jobs_per_s"], 2),
+                 _fmt(r["cpu_us_per_job"]), ", ".join(map(str, r.get("runs", [])))]
+                for r in experiments]
+        out += ["", "Experiments (drain, 4 processes, batch 10; median of interleaved runs)",
+                _table(["variant", "jobs/s", "÷ as is", "worker CPU µs/job", "runs"], rows)]
+
     if targets:
         out += ["", "Targets for this machine (reported, not enforced)",
                 _table(["figure", "value", "target", ""], targets)]

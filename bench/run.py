@@ -26,6 +26,7 @@ from bench.systems import (
     DJANGO_TASKS_DB,
     FLOOR_DATABASE,
     PGJOBS,
+    PGJOBS_CLAIM_AUTOCOMMIT,
     PGJOBS_PREPARED,
     PGQUEUER,
     PROCRASTINATE,
@@ -33,7 +34,7 @@ from bench.systems import (
 )
 
 RESULTS = harness.ROOT / "bench" / "results"
-SECTIONS = ("enqueue", "drain", "pickup", "history")
+SECTIONS = ("enqueue", "drain", "pickup", "history", "experiments")
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,18 @@ def run_drain(sizes: Sizes) -> list[dict[str, Any]]:
     return rows
 
 
+def run_experiments(sizes: Sizes) -> list[dict[str, Any]]:
+    """Candidate hot-path changes (bench/experiments.py) against the code as it is, interleaved."""
+    p, c, b = PGJOBS_DRAINS[0]
+    systems = (PGJOBS, PGJOBS_CLAIM_AUTOCOMMIT)
+    runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+    for repeat in range(sizes.repeats):
+        for system in systems:
+            log(f"experiment: {system.name} ({repeat + 1}/{sizes.repeats})")
+            runs[system.name].append(_drain_system(system, sizes.drain_jobs, p, c, b, sizes))
+    return [_median_row(r) for r in runs.values()]
+
+
 def run_pickup(sizes: Sizes) -> dict[str, Any]:
     results = {}
     for system in ALL:
@@ -247,7 +260,7 @@ def main() -> None:
     log("preparing bench databases")
     prepare(ALL)
     sections = {"enqueue": run_enqueue, "drain": run_drain, "pickup": run_pickup,
-                "history": run_history}
+                "history": run_history, "experiments": run_experiments}
     for name in args.only:
         results[name] = sections[name](sizes)
     results["seconds"] = round(time.monotonic() - started)

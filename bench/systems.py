@@ -50,6 +50,11 @@ PGJOBS_PREPARED = System(
     "pgjobs (server-side binding)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
     env={"BENCH_SERVER_SIDE_BINDING": "1"},
 )
+# The same code with the claim sent in autocommit (bench/experiments.py patches it in).
+PGJOBS_CLAIM_AUTOCOMMIT = System(
+    "pgjobs (claim in autocommit)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
+    env={"BENCH_EXPERIMENT": "claim_autocommit"},
+)
 DJANGO_TASKS_DB = System(
     "django-tasks-db", "bench_dtd",
     "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING')",
