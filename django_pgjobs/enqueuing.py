@@ -59,17 +59,46 @@ def enqueue(task: str | Handler, payload: Any, **options: Any) -> Job:
 
 def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
     """Enqueue many jobs with one INSERT, in order; all are validated before any is written."""
-    rows = [_validate(spec) for spec in specs]
+    defaults = _Defaults.read()
+    rows = [_validate(spec, defaults) for spec in specs]
     if not rows:
         return []
     alias = using or DEFAULT_DB_ALIAS
-    columns = list(zip(*(row.values for row in rows), strict=True))
-    params: list[Any] = [list(column) for column in columns]
-    params.append(bool(settings.NOTIFY))
     with connections[alias].cursor() as cursor:
-        cursor.execute(sql.query("enqueue_jobs"), params)
+        if len(rows) == 1:
+            # One row: a plain INSERT ... VALUES plans in a fraction of the unnest form's time.
+            cursor.execute(sql.query("enqueue_job"), [*rows[0].values, defaults.notify])
+        else:
+            columns = zip(*(row.values for row in rows), strict=True)
+            cursor.execute(sql.query("enqueue_jobs"), [*map(list, columns), defaults.notify])
         returned = cursor.fetchall()
     return _pair_with_rows(rows, returned, alias)
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    """The settings enqueue needs, read once per call rather than once per job."""
+
+    queue: str
+    queues: frozenset[str] | None
+    max_attempts: int
+    max_age_seconds: float
+    lease_seconds: int
+    max_payload_bytes: int
+    notify: bool
+
+    @classmethod
+    def read(cls) -> _Defaults:
+        queues = settings.QUEUES
+        return cls(
+            queue=settings.QUEUE,
+            queues=None if queues is None else frozenset(queues),
+            max_attempts=settings.MAX_ATTEMPTS,
+            max_age_seconds=float(settings.MAX_AGE_SECONDS),
+            lease_seconds=settings.LEASE_SECONDS,
+            max_payload_bytes=settings.MAX_PAYLOAD_BYTES,
+            notify=bool(settings.NOTIFY),
+        )
 
 
 @dataclass
@@ -78,19 +107,19 @@ class _Row:
     values: tuple[Any, ...]
 
 
-def _validate(spec: JobSpec) -> _Row:
+def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
     opts = dict(spec.options)
     opts.pop("using", None)
     handler = _resolve_handler(spec.task)
     name = handler.name if handler is not None else str(spec.task)
     payload_version = opts.pop("payload_version", handler.version if handler else 1)
-    queue = _first(opts.pop("queue", None), handler and handler.queue, settings.QUEUE)
+    queue = _first(opts.pop("queue", None), handler and handler.queue, defaults.queue)
     priority = opts.pop("priority", handler.priority if handler else 0)
     run_at = opts.pop("run_at", None)
     delay = opts.pop("delay", None)
     key = opts.pop("idempotency_key", None)
     max_attempts = _first(opts.pop("max_attempts", None), handler and handler.max_attempts,
-                          settings.MAX_ATTEMPTS)
+                          defaults.max_attempts)
     max_age = _first(opts.pop("max_age", None), handler and handler.max_age)
     lease = _first(opts.pop("lease", None), handler and handler.lease)
     trace_id = opts.pop("trace_id", "") or ""
@@ -98,7 +127,7 @@ def _validate(spec: JobSpec) -> _Row:
     if opts:
         raise InvalidJobOption(f"unknown enqueue option(s): {', '.join(sorted(opts))}")
 
-    _check_queue(queue)
+    _check_queue(queue, defaults.queues)
     _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
     _check_int("max_attempts", max_attempts, 1, 1_000_000)
     _check_int("payload_version", payload_version, 1, 32767)
@@ -112,18 +141,18 @@ def _validate(spec: JobSpec) -> _Row:
                 "run_at is a naive datetime; give an aware one (e.g. django.utils.timezone.now())"
             )
     delay_seconds = _seconds("delay", delay, allow_zero=True) if delay is not None else 0.0
-    max_age_seconds = _seconds("max_age", max_age) if max_age is not None else float(
-        settings.MAX_AGE_SECONDS
+    max_age_seconds = (
+        _seconds("max_age", max_age) if max_age is not None else defaults.max_age_seconds
     )
     lease_seconds = (
-        math.ceil(_seconds("lease", lease)) if lease is not None else settings.LEASE_SECONDS
+        math.ceil(_seconds("lease", lease)) if lease is not None else defaults.lease_seconds
     )
     _check_int("lease", lease_seconds, 1, 7 * 24 * 3600)
     _check_text("idempotency_key", key, _KEY_MAX_LENGTH, optional=True)
     _check_text("trace_id", trace_id, _TRACE_MAX_LENGTH, optional=False)
     _check_text("fairness_key", fairness_key, 200, optional=True)
 
-    encoded = encode_payload(spec.payload)
+    encoded = encode_payload(spec.payload, limit=defaults.max_payload_bytes)
     job = Job(
         task=name,
         payload_version=payload_version,
@@ -162,12 +191,11 @@ def _resolve_handler(task: str | Handler) -> Handler | None:
     return handler
 
 
-def _check_queue(queue: Any) -> None:
+def _check_queue(queue: Any, declared: frozenset[str] | None) -> None:
     if not isinstance(queue, str) or not queue or len(queue) > _QUEUE_MAX_LENGTH:
         raise UnknownQueue(
             f"queue must be a non-empty name of at most {_QUEUE_MAX_LENGTH} characters"
         )
-    declared = settings.QUEUES
     if declared is not None and queue not in declared:
         raise UnknownQueue(
             f"unknown queue {queue!r}: PGJOBS_QUEUES declares {', '.join(sorted(declared))}"
@@ -198,12 +226,13 @@ def _seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:
     return seconds
 
 
-def encode_payload(payload: Any) -> str:
+def encode_payload(payload: Any, *, limit: int | None = None) -> str:
     """Return ``payload`` as JSON text, or say which key is not JSON or that it is too large."""
     _check_json(payload, "payload")
     encoded = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     size = len(encoded.encode("utf-8"))
-    limit = settings.MAX_PAYLOAD_BYTES
+    if limit is None:
+        limit = settings.MAX_PAYLOAD_BYTES
     if size > limit:
         raise PayloadTooLarge(size, limit)
     return encoded
