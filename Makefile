@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 
-.PHONY: venv test demo lint chaos bench soak profile clean
+.PHONY: venv system-deps test demo lint chaos bench soak profile clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# Debian packages the suite drives for real: chromium for the admin's browser tests (Playwright
+# never downloads a browser) and PgBouncer for the transaction-pooling test. Both scripts do
+# nothing when the package is already there.
+system-deps:
+	bash .ci/install-browser
+	bash .ci/install-pgbouncer
+
+test: $(STAMP) system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
