@@ -8,7 +8,7 @@
    samples are grouped by phase (claim, execute, settle, wake-ups, maintenance) and by function.
 3. Server time: planning and execution of the claim, the settle and the enqueue INSERT, read
    from EXPLAIN ANALYZE in transactions that are rolled back (median of several).
-4. Enqueue CPU: where one ``enqueue_many`` of 1000 jobs spends its time, then cProfile over
+4. Enqueue CPU: where an ``enqueue_many`` of 1 and of 1000 jobs spends its time, then cProfile over
    single enqueues and bulk enqueues, by own time.
 """
 
@@ -133,82 +133,102 @@ def worker_profile(jobs: int, out: Path) -> tuple[list[list[str]], list[list[str
     return phase_rows, top_rows, total
 
 
-def _explained(statement: str, params: list[Any]) -> tuple[float, float]:
+def _first_statement_explained(action: Callable[[], Any]) -> tuple[float, float]:
+    """Planning and execution of the first statement ``action`` sends, rolled back."""
     from django.db import connection, transaction
 
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
-            plan = cursor.fetchone()[0]
+    found: list[tuple[float, float]] = []
+
+    def explain_first(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
+        if not found:
+            found.append((0.0, 0.0))  # set first: the EXPLAIN below comes through here too
+            # Already inside the transaction that is rolled back below.
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+                plan = cursor.fetchone()[0]
+            plan = (plan if isinstance(plan, list) else json.loads(plan))[0]
+            found[0] = (plan["Planning Time"], plan["Execution Time"])
+        return execute(statement, params, many, context)
+
+    with transaction.atomic(), connection.execute_wrapper(explain_first):
+        action()
         transaction.set_rollback(True)
-    plan = (plan if isinstance(plan, list) else json.loads(plan))[0]
-    return plan["Planning Time"], plan["Execution Time"]
+    return found[0]
 
 
 def server_times(repeats: int = 9) -> list[list[str]]:
     """Median planning and execution time of each hot statement, as the server reports them."""
-    from django_pgjobs import JobSpec, enqueue_many, sql
-    from django_pgjobs.enqueuing import _validate
+    from django_pgjobs import JobSpec, enqueue_many
+    from django_pgjobs.models import Job
+    from django_pgjobs.status import JobStatus
 
     enqueue_many([JobSpec.of("bench.noop", {"n": i}) for i in range(2000)])
     rows = []
+
+    def add(label: str, runs: list[tuple[float, float]], jobs: int) -> None:
+        plan_ms, exec_ms = sorted(runs, key=lambda t: t[1])[len(runs) // 2]
+        rows.append([label, f"{plan_ms:.3f}", f"{exec_ms:.3f}",
+                     f"{(plan_ms + exec_ms) * 1000 / jobs:.0f}"])
+
     try:
         from django_pgjobs.explain import explain
-    except ImportError:
+    except ImportError:  # a version without the EXPLAIN checks
         explain = None
     for name in ("claim", "settle"):
         for batch in (10, 50):
-            if explain is None:
-                continue
-            runs = sorted(
-                ((r.plan["Planning Time"], r.plan["Execution Time"])
-                 for r in (explain(name, batch=batch) for _ in range(repeats))),
-                key=lambda t: t[1],
-            )
-            plan_ms, exec_ms = runs[len(runs) // 2]
-            rows.append([f"{name} (batch {batch})", f"{plan_ms:.3f}", f"{exec_ms:.3f}",
-                         f"{(plan_ms + exec_ms) * 1000 / batch:.0f}"])
+            if explain is not None:
+                add(f"{name} (batch {batch})",
+                    [(r.plan["Planning Time"], r.plan["Execution Time"])
+                     for r in (explain(name, batch=batch) for _ in range(repeats))], batch)
     for count in (1, 1000):
-        validated = [_validate(JobSpec.of("bench.noop", {"n": i})) for i in range(count)]
-        params: list[Any] = [list(c) for c in zip(*(r.values for r in validated), strict=True)]
-        params.append(True)
-        runs = sorted((_explained(sql.query("enqueue_jobs"), params) for _ in range(repeats)),
-                      key=lambda t: t[1])
-        plan_ms, exec_ms = runs[len(runs) // 2]
-        rows.append([f"enqueue_jobs INSERT ({count} job{'s' if count > 1 else ''})",
-                     f"{plan_ms:.3f}", f"{exec_ms:.3f}",
-                     f"{(plan_ms + exec_ms) * 1000 / count:.0f}"])
+        specs = [JobSpec.of("bench.noop", {"n": i}) for i in range(count)]
+        add(f"enqueue_many INSERT ({count} job{'s' if count > 1 else ''})",
+            [_first_statement_explained(lambda specs=specs: enqueue_many(specs))
+             for _ in range(repeats)], count)
+    add("Job.objects.create() INSERT, for comparison",
+        [_first_statement_explained(lambda: Job.objects.create(
+            task="bench.noop", queue="default", payload={"n": 1}, status=JobStatus.READY,
+            max_attempts=20, lease_seconds=30)) for _ in range(repeats)], 1)
     return rows
 
 
-def enqueue_breakdown(count: int = 1000, repeats: int = 5) -> list[list[str]]:
-    """Where one enqueue_many of ``count`` jobs goes: validation, binding, the statement."""
+def enqueue_breakdown(count: int, repeats: int) -> list[list[str]]:
+    """Where an enqueue_many of ``count`` jobs in ``transaction.atomic()`` spends its time.
+
+    Before the INSERT is sent is validation; the INSERT includes BEGIN, binding and the server;
+    after it come reading the rows back and pairing them with the jobs; then the COMMIT.
+    Medians of ``repeats`` runs, in ms for the call and µs per job.
+    """
     from django.db import connection, transaction
-    from psycopg import ClientCursor
 
-    from django_pgjobs import JobSpec, enqueue_many, sql
-    from django_pgjobs.enqueuing import _validate
+    from django_pgjobs import JobSpec, enqueue_many
 
-    connection.ensure_connection()
     specs = [JobSpec.of("bench.noop", {"n": i}) for i in range(count)]
+    marks: dict[str, float] = {}
+
+    def timed(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
+        marks["sent"] = time.perf_counter()
+        try:
+            return execute(statement, params, many, context)
+        finally:
+            marks["returned"] = time.perf_counter()
+
     spent: dict[str, list[float]] = collections.defaultdict(list)
-    for _ in range(repeats):
-        start = time.perf_counter()
-        validated = [_validate(spec) for spec in specs]
-        spent["validate (_validate per job: options, settings, Job(), JSON)"].append(
-            time.perf_counter() - start)
-        params: list[Any] = [list(c) for c in zip(*(r.values for r in validated), strict=True)]
-        params.append(True)
-        start = time.perf_counter()
-        ClientCursor(connection.connection).mogrify(sql.query("enqueue_jobs"), params)
-        spent["client-side binding of the 13 arrays (mogrify)"].append(
-            time.perf_counter() - start)
-        start = time.perf_counter()
-        with transaction.atomic():
-            enqueue_many(specs)
-        spent["enqueue_many in transaction.atomic, all told"].append(time.perf_counter() - start)
-    return [[label, f"{statistics.median(v) * 1000:.1f}",
-             f"{statistics.median(v) * 1e6 / count:.1f}"] for label, v in spent.items()]
+    with connection.execute_wrapper(timed):
+        for _ in range(repeats):
+            start = time.perf_counter()
+            with transaction.atomic():
+                enqueue_many(specs)
+                done = time.perf_counter()
+            committed = time.perf_counter()
+            spent["before the INSERT: validation, atomic, cursor"].append(marks["sent"] - start)
+            spent["the INSERT (BEGIN, binding, server)"].append(marks["returned"] - marks["sent"])
+            spent["reading back and pairing the rows"].append(done - marks["returned"])
+            spent["COMMIT"].append(committed - done)
+            spent["all told"].append(committed - start)
+    return [[f"{label}, {count} job{'s' if count > 1 else ''}",
+             f"{statistics.median(v) * 1000:.3f}", f"{statistics.median(v) * 1e6 / count:.1f}"]
+            for label, v in spent.items()]
 
 
 def enqueue_profile(n: int = 2000) -> tuple[str, str]:
@@ -262,8 +282,9 @@ def main() -> None:
     print("\nServer time per statement (EXPLAIN ANALYZE, median; rolled back)")
     print(_table(["statement", "planning ms", "execution ms", "µs per job"], server_times()))
     harness.measure("pgjobs", "reset", DATABASE)
-    print("\nOne enqueue_many of 1000 jobs (median of 5)")
-    print(_table(["part", "ms", "µs per job"], enqueue_breakdown()))
+    print("\nenqueue_many of 1 job (median of 500) and of 1000 jobs (median of 5)")
+    print(_table(["part", "ms", "µs per job"],
+                 enqueue_breakdown(1, 500) + enqueue_breakdown(1000, 5)))
     harness.measure("pgjobs", "reset", DATABASE)
     single, bulk = enqueue_profile()
     print("\nenqueue() x 2000, one per transaction: cProfile by own time\n" + single)
