@@ -29,7 +29,7 @@ _NON_NEGATIVE_NUMBERS = ("MAX_SNOOZES", "SHUTDOWN_GRACE_SECONDS", "AGING_STEP")
 
 @register(Tags.database)
 def check_database(databases: Sequence[str] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """django-pgjobs needs PostgreSQL 13 or newer."""
+    """django-pgjobs needs PostgreSQL 13 or newer, and autovacuum to keep up with its churn."""
     messages: list[CheckMessage] = []
     for alias in databases or []:
         connection = connections[alias]
@@ -42,6 +42,17 @@ def check_database(databases: Sequence[str] | None = None, **kwargs: Any) -> lis
             messages.append(Error(
                 f"database {alias!r} runs PostgreSQL {version // 10000}; django-pgjobs needs 13+",
                 id="pgjobs.E002",
+            ))
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            row = cursor.fetchone()
+        if row is not None and row[0] == "off":
+            messages.append(Warning(
+                f"database {alias!r} runs with autovacuum off: every job row is rewritten two or "
+                "three times and then deleted, so without vacuum the job table and its claim "
+                "index grow without bound and claims slow down",
+                hint="turn autovacuum on, or run VACUUM on pgjobs_job and pgjobs_attempt often",
+                id="pgjobs.W002",
             ))
     return messages
 

@@ -21,8 +21,14 @@ def test_a_database_that_is_not_postgresql_is_an_error() -> None:
 
 
 @pytest.mark.django_db
-def test_the_test_database_passes() -> None:
-    assert check_database(databases=["default"]) == []
+def test_the_test_database_passes_and_autovacuum_off_is_a_warning() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        autovacuum = cursor.fetchone()[0]
+    expected = [] if autovacuum == "on" else ["pgjobs.W002"]
+    assert ids(check_database(databases=["default"])) == expected
 
 
 def test_default_settings_pass() -> None:
