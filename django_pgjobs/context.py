@@ -52,8 +52,12 @@ class JobContext:
         self.using = using
         self._lease_lost = threading.Event()
         self._cancel_requested = threading.Event()
-        self.logger = logging.LoggerAdapter(
-            logger, {"job_id": job.id, "task": job.task, "trace_id": job.trace_id}
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose records carry this job's id, task and trace id."""
+        return logging.LoggerAdapter(
+            logger, {"job_id": self.job.id, "task": self.job.task, "trace_id": self.job.trace_id}
         )
 
     @property

@@ -673,6 +673,11 @@ class Worker:
     def log_settled(self, outcome: Outcome, won: bool) -> None:
         reported = outcome.attempt_outcome.value
         self.counters.add_settled(reported, won)
+        for listener in self.settle_listeners:
+            listener(outcome, won)
+        level = logging.INFO if won else logging.WARNING
+        if not logger.isEnabledFor(level):
+            return  # on the hot path: build nothing for a line nobody reads
         fields: dict[str, Any] = {
             "job_id": outcome.job_id, "task": outcome.task, "attempt": outcome.attempt,
             "worker": self.worker_id, "trace_id": outcome.trace_id,
@@ -680,7 +685,6 @@ class Worker:
             "status": outcome.status.value if won else None,
             "failure_class": outcome.failure_class, "duration_ms": outcome.duration_ms,
         }
-        level = logging.INFO if won else logging.WARNING
         logger.log(
             level,
             "job.%s id=%s task=%s attempt=%s worker=%s trace=%s status=%s class=%s "
@@ -690,8 +694,6 @@ class Worker:
             outcome.failure_class or "-", outcome.duration_ms,
             extra={"pgjobs": fields},
         )
-        for listener in self.settle_listeners:
-            listener(outcome, won)
 
 
 def _check_weights(weights: Mapping[str, int], queues: Sequence[str] | None) -> dict[str, int]:
