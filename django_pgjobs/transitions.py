@@ -115,20 +115,16 @@ def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dic
     """
     if not outcomes:
         return {}
-    columns: list[list[Any]] = [[] for _ in range(13)]
-    for o in outcomes:
-        for column, value in zip(
-            columns,
-            (
-                o.job_id, o.lease_token, o.status.value, o.attempt_outcome.value,
-                o.delay_seconds, o.attempts_delta, o.snoozes_delta, o.failure_class,
-                o.terminal_reason, o.error, o.traceback, o.result_json, o.duration_ms,
-            ),
-            strict=True,
-        ):
-            column.append(value)
+    # One JSON document instead of thirteen arrays: quoting one string costs the worker a
+    # fraction of quoting every element, and the server parses it in C.
+    reports = json.dumps([
+        [o.job_id, str(o.lease_token), o.status.value, o.attempt_outcome.value,
+         o.delay_seconds, o.attempts_delta, o.snoozes_delta, o.failure_class,
+         o.terminal_reason, o.error, o.traceback, o.result_json, o.duration_ms]
+        for o in outcomes
+    ])
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("settle_jobs"), columns)
+        cursor.execute(sql.query("settle_jobs"), [reports])
         rows = cursor.fetchall()
     won = {token: bool(applied) for token, applied in rows}
     return {o.lease_token: won.get(o.lease_token, False) for o in outcomes}

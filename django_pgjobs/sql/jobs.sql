@@ -37,11 +37,13 @@ ORDER BY priority DESC, run_at, id
 -- running under the reported lease token; an outcome whose token no longer matches is written
 -- to its own attempt as 'lost' and nowhere else.
 WITH reported AS (
-    SELECT *
-    FROM unnest(%s::bigint[], %s::uuid[], %s::text[], %s::text[], %s::float8[], %s::int[],
-                %s::int[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int[])
-        AS r(id, token, status, attempt_outcome, delay_seconds, attempts_delta, snoozes_delta,
-             failure_class, terminal_reason, error, traceback, result, duration_ms)
+    -- The batch arrives as one JSON array of positional reports (see transitions.settle).
+    SELECT (e->>0)::bigint AS id, (e->>1)::uuid AS token, e->>2 AS status,
+           e->>3 AS attempt_outcome, (e->>4)::float8 AS delay_seconds,
+           (e->>5)::int AS attempts_delta, (e->>6)::int AS snoozes_delta,
+           e->>7 AS failure_class, e->>8 AS terminal_reason, e->>9 AS error,
+           e->>10 AS traceback, e->>11 AS result, (e->>12)::int AS duration_ms
+    FROM jsonb_array_elements(%s::jsonb) AS e
 ), settled AS (
     UPDATE pgjobs_job AS j
     SET status = r.status,
