@@ -12,7 +12,7 @@ import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -101,10 +101,19 @@ def _claimed(row: Sequence[Any]) -> ClaimedJob:
     return ClaimedJob(
         id=row[0], task=row[1], payload_version=row[2],
         payload=json.loads(payload) if isinstance(payload, str) else payload,
-        attempt=row[4], max_attempts=row[5], snoozes=row[6], deadline=row[7],
-        lease_seconds=row[8], lease_token=row[9], lease_expires_at=row[10], trace_id=row[11],
-        queue=row[12], priority=row[13], created_at=row[14], run_at=row[15],
+        attempt=row[4], max_attempts=row[5], snoozes=row[6],
+        deadline=None if row[7] is None else _from_epoch(row[7]),
+        lease_seconds=row[8], lease_token=row[9], lease_expires_at=_from_epoch(row[10]),
+        trace_id=row[11], queue=row[12], priority=row[13], created_at=_from_epoch(row[14]),
+        run_at=_from_epoch(row[15]),
     )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _from_epoch(microseconds: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=microseconds)
 
 
 def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dict[uuid.UUID, bool]:

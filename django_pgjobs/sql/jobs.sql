@@ -27,8 +27,14 @@ WITH candidates AS (
            '', '', '', ''
     FROM claimed
 )
-SELECT id, task, payload_version, payload, attempts, max_attempts, snoozes, deadline,
-       lease_seconds, lease_token, lease_expires_at, trace_id, queue, priority, created_at, run_at
+-- Times as whole microseconds since the epoch: exact, and the worker turns an integer into a
+-- datetime for a fraction of what parsing timestamptz text through the time-zone loader
+-- costs, four times a job.
+SELECT id, task, payload_version, payload, attempts, max_attempts, snoozes,
+       (extract(epoch FROM deadline) * 1000000)::int8, lease_seconds, lease_token,
+       (extract(epoch FROM lease_expires_at) * 1000000)::int8, trace_id, queue, priority,
+       (extract(epoch FROM created_at) * 1000000)::int8,
+       (extract(epoch FROM run_at) * 1000000)::int8
 FROM claimed
 ORDER BY priority DESC, run_at, id
 
