@@ -112,40 +112,43 @@ def planner_rows(queryset: QuerySet[Any]) -> int:
 # --- filters ----------------------------------------------------------------------------------
 
 
-class QueueFilter(admin.SimpleListFilter):
+class _KnownNamesFilter(admin.SimpleListFilter):
+    """Filter on a name column, offering the names the code knows (plus the one chosen).
+
+    Known names, not SELECT DISTINCT: that would read every row of a big table.
+    """
+
+    def known_names(self) -> set[str]:
+        raise NotImplementedError
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = self.known_names()
+        if self.value():
+            names.add(str(self.value()))
+        return [(n, n) for n in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(**{str(self.parameter_name): value}) if value else queryset
+
+
+class QueueFilter(_KnownNamesFilter):
     title = "queue"
     parameter_name = "queue"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        # Known names, not SELECT DISTINCT: that would read every row of a big table.
-        declared = settings.QUEUES
-        if declared is not None:
-            names = set(declared)
-        else:
-            names = {settings.QUEUE, *transitions.ready_queues()}
-            names |= {h.queue for h in map(registry.get, registry.names()) if h and h.queue}
-        value = self.value()
-        if value:
-            names.add(value)
-        return [(n, n) for n in sorted(names)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
+    def known_names(self) -> set[str]:
+        if settings.QUEUES is not None:
+            return set(settings.QUEUES)
+        names = {settings.QUEUE, *transitions.ready_queues()}
+        return names | {h.queue for h in map(registry.get, registry.names()) if h and h.queue}
 
 
-class TaskFilter(admin.SimpleListFilter):
+class TaskFilter(_KnownNamesFilter):
     title = "task"
     parameter_name = "task"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = set(registry.names())
-        value = self.value()
-        if value:
-            names.add(value)
-        return [(n, n) for n in sorted(names)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(task=self.value()) if self.value() else queryset
+    def known_names(self) -> set[str]:
+        return set(registry.names())
 
 
 # --- action confirmation ----------------------------------------------------------------------

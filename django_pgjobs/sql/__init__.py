@@ -1,8 +1,8 @@
 """Named SQL statements for what the ORM cannot say.
 
 Each ``*.sql`` file in this folder holds blocks that start with a ``-- name: <name>`` line.
-Parameters are always bound (``%s``); the only text ever spliced in is another query the ORM
-compiled (a ``{candidates}`` marker), never a value.
+Parameters are always bound (``%s``); the only text ever spliced in is a query the ORM compiled
+(the ``{candidates}`` marker) or another block of these files (``{rows}``), never a value.
 """
 
 from __future__ import annotations
