@@ -95,15 +95,18 @@ class Command(BaseCommand):
         while time.monotonic() < deadline and self._unfinished():
             procs = [self._start(f"demo-{round_}-{n}", concurrency, env) for n in range(workers)]
             if round_ == 0:
-                # Kill one worker mid-run: its claimed jobs wait out their 3 s lease, then the
-                # rescue step hands them to the others.
-                while Job.objects.filter(status=JobStatus.SUCCEEDED).count() < 300:
-                    time.sleep(0.05)
-                victim = procs[0]
-                victim.send_signal(signal.SIGKILL)
+                # Kill one worker mid-run, while it holds jobs: they wait out their lease, then
+                # the rescue step hands them to the others.
+                held = Job.objects.filter(status=JobStatus.RUNNING, lease_owner="demo-0-0")
+                while (Job.objects.filter(status=JobStatus.SUCCEEDED).count() < 300
+                       or not held.exists()) and procs[0].poll() is None:
+                    time.sleep(0.01)
+                procs[0].send_signal(signal.SIGKILL)
                 kills += 1
-                running = Job.objects.filter(lease_owner="demo-0-0").count()
-                self.stdout.write(f"killed worker demo-0-0 (SIGKILL) holding {running} jobs")
+                # A settlement already sent when the process died still commits: count after.
+                time.sleep(0.5)
+                self.stdout.write(f"killed worker demo-0-0 (SIGKILL); it left {held.count()} "
+                                  "jobs running under its lease")
             for proc in procs:
                 proc.wait(max(1.0, deadline - time.monotonic()))
             round_ += 1
