@@ -5,11 +5,16 @@ keeps in its session (LISTEN, prepared statements, server-side cursors) would br
 The test starts PgBouncer (Debian's package, installed by .ci/install-pgbouncer) on a loopback
 port with a pool of two server connections and runs a real worker with five client connections
 (three executors, the settler and the main thread) through it.
+
+PgBouncer refuses to run as root. It runs as the user that can reach the test's server: the
+owner of the socket directory for a server reached by Unix socket (the embedded server's data
+directory, which only its owner may enter), the postgres user for one reached over TCP.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -87,7 +92,7 @@ class PgBouncer:
 def pgbouncer() -> Iterator[PgBouncer]:
     binary = pgbouncer_binary()
     if binary is None:
-        pytest.skip("PgBouncer is not installed (run .ci/install-pgbouncer)")
+        pytest.fail("PgBouncer is not installed: `make test` installs it (.ci/install-pgbouncer)")
     # Not under pytest's own temporary directory, which only its owner may enter.
     directory = Path(tempfile.mkdtemp(prefix="pgjobs-pgbouncer-"))
     try:
@@ -98,19 +103,20 @@ def pgbouncer() -> Iterator[PgBouncer]:
 
 def _run_pgbouncer(binary: str, directory: Path) -> Iterator[PgBouncer]:
     settings = connection.settings_dict
+    host = settings["HOST"] or "127.0.0.1"
     bouncer = PgBouncer(directory, free_port())
     (directory / "userlist.txt").write_text('"postgres" ""\n')
     ini = directory / "pgbouncer.ini"
     ini.write_text(CONFIG.format(
-        host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432,
+        host=host, port=settings["PORT"] or 5432,
         listen_port=bouncer.port, dir=directory, user="postgres", pool_size=POOL_SIZE,
     ))
-    # PgBouncer refuses to run as root: run it as postgres, in a directory postgres owns.
     command = [binary, "-d", str(ini)]
     if os.geteuid() == 0:
+        user = run_as(host)
         for path in (directory, *directory.iterdir()):
-            shutil.chown(path, "postgres")
-        command = ["runuser", "-u", "postgres", "--", *command]
+            shutil.chown(path, user)
+        command = ["runuser", "-u", user, "--", *command]
     subprocess.run(command, check=True, timeout=30)
     pid_file = directory / "pgbouncer.pid"
     deadline = time.monotonic() + 10
@@ -126,6 +132,13 @@ def _run_pgbouncer(binary: str, directory: Path) -> Iterator[PgBouncer]:
         deadline = time.monotonic() + 10
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def run_as(host: str) -> str:
+    """The unprivileged user PgBouncer runs as to reach the server at ``host``."""
+    if host.startswith("/"):
+        return pwd.getpwuid(os.stat(host).st_uid).pw_name
+    return "postgres"
 
 
 def _accepts(port: int) -> bool:
