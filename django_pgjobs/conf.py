@@ -27,6 +27,9 @@ DEFAULT_RESCUE_BATCH = 500
 DEFAULT_PROMOTE_BATCH = 5000
 DEFAULT_SETTLE_FLUSH_SECONDS = 0.05
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
+# A --burst worker that cannot reach its database for this long exits non-zero; a long-running
+# worker retries for as long as an outage lasts.
+DEFAULT_BURST_UNREACHABLE_SECONDS = 30.0
 DEFAULT_RECEIPT_RETENTION_SECONDS = 7 * 24 * 3600
 DEFAULT_RETENTION_SECONDS = {
     "succeeded": 24 * 3600,

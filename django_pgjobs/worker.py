@@ -48,6 +48,8 @@ logger = logging.getLogger("django_pgjobs.worker")
 
 _QUEUE_REFRESH_SECONDS = 1.0
 _RECONNECT_MAX_SECONDS = 5.0
+# The exit status of a --burst worker that gave up on a database it could not reach.
+EXIT_DATABASE_UNREACHABLE = 3
 # How long an idle settler sleeps when nothing wakes it (new outcomes and due heartbeats do).
 _SETTLER_IDLE_SECONDS = 1.0
 
@@ -105,6 +107,39 @@ def database_reachable(using: str) -> bool:
     except DatabaseError:
         return False
     return True
+
+
+def database_target(using: str) -> str:
+    """Where ``using`` connects, for a log line: user@host:port/name, never the password."""
+    params = connections[using].settings_dict
+    host = params.get("HOST") or "(local socket)"
+    return f"{params.get('USER') or '-'}@{host}:{params.get('PORT') or 5432}/{params.get('NAME')}"
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An error as one line of at most ``limit`` characters (drivers' messages span several)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Outage:
+    """Since when this worker's database calls have been failing; shared by its threads."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def failed(self) -> float:
+        """Record a failure; return for how many seconds calls have been failing."""
+        now = time.monotonic()
+        with self._lock:
+            if self._since is None:
+                self._since = now
+            return now - self._since
+
+    def recovered(self) -> None:
+        with self._lock:
+            self._since = None
 
 
 def reset_connection(using: str) -> None:
@@ -358,6 +393,8 @@ class Worker:
             self.poll_interval, queues=self.queues
         )
         self.counters = Counters()
+        self.exit_code = 0
+        self.outage = Outage()
         self.hard_deadline = float("inf")
         self._stop = threading.Event()
         self._budget_lock = threading.Lock()
@@ -379,11 +416,18 @@ class Worker:
     # --- lifecycle ------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Run until stopped (signal, ``stop()``, burst finished or max jobs); return 0."""
+        """Run until stopped (signal, ``stop()``, burst finished or max jobs).
+
+        Return 0, or ``EXIT_DATABASE_UNREACHABLE`` when a burst worker gave up on its database.
+        """
         previous = self._install_signal_handlers()
         logger.info("worker.start worker=%s queues=%s concurrency=%d batch=%d burst=%s "
                     "listen=%s", self.worker_id, ",".join(self._queue_labels()),
                     self.concurrency, self.batch_size, self.burst, self.listen)
+        if not self._connect():
+            self._restore_signal_handlers(previous)
+            connections.close_all()
+            return self.exit_code
         self._settler.start()
         if self.listen:
             self._listener = Listener(
@@ -400,7 +444,49 @@ class Worker:
             self._restore_signal_handlers(previous)
         logger.info("worker.stop worker=%s claimed=%d settled=%s lost=%d", self.worker_id,
                     self.counters.claimed, self.counters.settled, self.counters.lost)
-        return 0
+        return self.exit_code
+
+    def _connect(self) -> bool:
+        """Reach the database before starting any thread; False if stopped or given up."""
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                connections[self.using].ensure_connection()
+            except DatabaseError as exc:
+                if self.database_failed("connect", exc, backoff):
+                    return False
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, _RECONNECT_MAX_SECONDS)
+                continue
+            self.outage.recovered()
+            return True
+        return False
+
+    def database_failed(self, what: str, exc: BaseException, retry_in: float) -> bool:
+        """Log a failed database call and its backoff; True when a burst worker gives up.
+
+        A long-running worker retries for as long as it takes (an outage ends); a burst worker,
+        run by a script that waits for it, exits after PGJOBS_BURST_UNREACHABLE_SECONDS.
+        """
+        self.counters.add_database_error()
+        down_for = self.outage.failed()
+        logger.warning(
+            "worker.database_error worker=%s during=%s database=%s failing_for=%.1fs "
+            "retry_in=%.1fs error=%s", self.worker_id, what, database_target(self.using),
+            down_for, retry_in, one_line(exc),
+        )
+        limit = float(settings.BURST_UNREACHABLE_SECONDS)
+        if not self.burst or down_for < limit:
+            return False
+        logger.error(
+            "worker.give_up worker=%s database=%s unreachable for %.1fs "
+            "(PGJOBS_BURST_UNREACHABLE_SECONDS=%g): exiting with status %d",
+            self.worker_id, database_target(self.using), down_for, limit,
+            EXIT_DATABASE_UNREACHABLE,
+        )
+        self.exit_code = EXIT_DATABASE_UNREACHABLE
+        self.stop()
+        return True
 
     def stop(self) -> None:
         """Stop claiming; running handlers finish, unstarted claimed jobs are released."""
@@ -447,7 +533,9 @@ class Worker:
         self.wake()
         if self._listener is not None:
             self._listener.stop()
-        self.hard_deadline = time.monotonic() + self.shutdown_grace
+        # A worker that gave up on its database cannot settle anything: it waits for nothing.
+        grace = 0.0 if self.exit_code == EXIT_DATABASE_UNREACHABLE else self.shutdown_grace
+        self.hard_deadline = time.monotonic() + grace
         for slot in self._slots:
             if slot.thread is not None and not slot.abandoned:
                 slot.thread.join(max(0.0, self.hard_deadline - time.monotonic()))
@@ -508,12 +596,13 @@ class Worker:
                     backoff = 0.1
                 except DatabaseError as exc:
                     self._give_back_budget(limit)
-                    self.counters.add_database_error()
-                    logger.warning("claim: database error, retrying in %.1fs: %s", backoff, exc)
                     reset_connection(self.using)
+                    if self.database_failed("claim", exc, backoff):
+                        return
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, _RECONNECT_MAX_SECONDS)
                     continue
+                self.outage.recovered()
                 self._give_back_budget(limit - len(jobs))
                 if not jobs:
                     if self.burst and not self._anything_eligible():

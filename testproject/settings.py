@@ -86,6 +86,9 @@ PGJOBS_RESCUE_INTERVAL_SECONDS = env.float("PGJOBS_RESCUE_INTERVAL_SECONDS", def
 PGJOBS_POLL_INTERVAL_SECONDS = env.float("PGJOBS_POLL_INTERVAL_SECONDS", default=0.2)
 # Jobs of a killed demo worker come back after this lease instead of the default 30 s.
 PGJOBS_LEASE_SECONDS = env.int("PGJOBS_LEASE_SECONDS", default=5)
+# A test points a burst worker at a closed port and shortens how long it keeps trying.
+if env.str("PGJOBS_BURST_UNREACHABLE_SECONDS", default=""):
+    PGJOBS_BURST_UNREACHABLE_SECONDS = env.float("PGJOBS_BURST_UNREACHABLE_SECONDS")
 
 LOGGING = {
     "version": 1,

@@ -92,3 +92,58 @@ def test_bad_flags_exit_non_zero_with_a_clear_message(args, message):
     )
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def unreachable_env(port: int, give_up_seconds: str) -> dict[str, str]:
+    env = worker_env(DATABASE_URL=f"postgres://pgjobs@127.0.0.1:{port}/nowhere",
+                     PGJOBS_BURST_UNREACHABLE_SECONDS=give_up_seconds)
+    del env["PGJOBS_DATABASE_NAME"]  # the database named in the URL, not the test database
+    return env
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_burst_worker_that_cannot_reach_its_database_gives_up_with_a_clear_log():
+    port = closed_port()
+    env = unreachable_env(port, "1.5")
+    result = subprocess.run(
+        [sys.executable, str(MANAGE), "pgjobs_worker", "--burst"], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 3, result.stderr
+    attempts = [line for line in result.stderr.splitlines() if "worker.database_error" in line]
+    # One line per backoff step (0.1, 0.2, 0.4, 0.8 s ...), each naming what it tried and why.
+    assert len(attempts) >= 3, result.stderr
+    for line in attempts:
+        assert f"during=connect database=pgjobs@127.0.0.1:{port}/nowhere" in line
+        assert "retry_in=" in line and "error=" in line
+    assert "worker.give_up" in result.stderr
+    assert f"gave up: database pgjobs@127.0.0.1:{port}/nowhere could not be reached" in (
+        result.stderr)
+
+
+def test_a_long_running_worker_keeps_retrying_an_unreachable_database():
+    port = closed_port()
+    env = unreachable_env(port, "0.5")
+    proc = subprocess.Popen(
+        [sys.executable, str(MANAGE), "pgjobs_worker"], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(4)  # far past the burst limit: a service outlives an outage
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert stderr.count("worker.database_error") >= 3
+    assert "worker.give_up" not in stderr

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_pgjobs.management.arguments import queue_name, seconds, whole_number
-from django_pgjobs.worker import Worker
+from django_pgjobs.worker import EXIT_DATABASE_UNREACHABLE, Worker, database_target
 
 
 def _queue(text: str) -> tuple[str, int | None]:
@@ -96,7 +96,7 @@ class Command(BaseCommand):
         )
         metrics_server = self._serve_metrics(worker, options)
         try:
-            worker.run()
+            status = worker.run()
         finally:
             if metrics_server is not None:
                 metrics_server.stop()
@@ -106,6 +106,12 @@ class Command(BaseCommand):
             f"{sum(counters.settled.values())} {dict(sorted(counters.settled.items()))}, "
             f"lost {counters.lost}"
         )
+        if status == EXIT_DATABASE_UNREACHABLE:
+            raise CommandError(
+                f"gave up: database {database_target(worker.using)} could not be reached for "
+                "PGJOBS_BURST_UNREACHABLE_SECONDS (see the log lines above for each attempt)",
+                returncode=status,
+            )
 
     def _serve_metrics(self, worker: Worker, options: dict[str, Any]) -> Any:
         if options["metrics_port"] is None:
