@@ -2,6 +2,7 @@
 #   make demo   workers drain a real mixed workload, one is killed mid-run, a summary is printed
 #   make test   the whole suite
 # Both use the PostgreSQL server in DATABASE_URL, or an embedded one when it is unset.
+#   make admin  after make demo: the admin on the demo's data, at http://127.0.0.1:8000/admin/
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 
-.PHONY: venv system-deps test demo lint chaos bench soak profile clean
+.PHONY: venv system-deps test demo admin lint chaos bench soak profile clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +35,12 @@ test: $(STAMP) system-deps
 demo: $(STAMP)
 	$(MANAGE) migrate --verbosity 0
 	$(MANAGE) run_demo
+
+# The test project's server on loopback only, static files served by runserver (--insecure).
+ADMIN_PORT ?= 8000
+admin: $(STAMP)
+	$(MANAGE) migrate --verbosity 0
+	$(MANAGE) runserver --insecure --noreload 127.0.0.1:$(ADMIN_PORT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

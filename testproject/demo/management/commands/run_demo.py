@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.contrib.auth.models import Permission, User
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection, transaction
 from django.db.models import Count
@@ -22,6 +23,10 @@ from django_pgjobs.status import TERMINAL_STATUSES, AttemptOutcome, JobStatus
 from testproject.demo.models import LedgerEntry, Order
 
 MANAGE = Path(__file__).resolve().parents[3] / "manage.py"
+# Who can look at the demo's data in the admin afterwards (``make admin``): a superuser, and a
+# staff user with only the view permissions, who sees every payload redacted and no action.
+DEMO_USERS = {"demo": "demo", "viewer": "viewer"}
+ADMIN_URL = "http://127.0.0.1:8000/admin/pgjobs/job/"
 
 
 class Command(BaseCommand):
@@ -44,6 +49,24 @@ class Command(BaseCommand):
         kills = self._drain(options["workers"], options["concurrency"], options["timeout"])
         elapsed = time.monotonic() - drain_started
         self._summary(enqueued, elapsed, kills)
+        self._admin_users()
+        self.stdout.write("")
+        self.stdout.write(f"See it in the admin: run `make admin`, then open {ADMIN_URL}")
+        self.stdout.write("  as demo/demo (superuser: every action) or viewer/viewer (view only: "
+                          "payloads redacted, no actions)")
+
+    def _admin_users(self) -> None:
+        superuser, viewer = (
+            User.objects.update_or_create(username=name, defaults={"is_staff": True})[0]
+            for name in DEMO_USERS
+        )
+        superuser.is_superuser = True
+        for user in (superuser, viewer):
+            user.set_password(DEMO_USERS[user.username])
+            user.save()
+        viewer.user_permissions.set(Permission.objects.filter(
+            content_type__app_label="pgjobs", codename__startswith="view_",
+        ).exclude(codename="view_raw_payload"))
 
     def _reset(self) -> None:
         with connection.cursor() as cursor:
@@ -61,7 +84,9 @@ class Command(BaseCommand):
                 Order(reference=f"ORD-{i:05d}", amount_cents=random.randint(100, 99_999))
                 for i in range(charges)
             )
-            specs = [JobSpec.of("demo.charge", {"order_id": o.pk, "sleep": 0.002},
+            # The card travels in the payload to show redaction: the admin hides it.
+            specs = [JobSpec.of("demo.charge", {"order_id": o.pk, "sleep": 0.002,
+                                                "card": {"number": "4242424242424242"}},
                                 idempotency_key=f"charge:{o.reference}") for o in orders]
             django_pgjobs.enqueue_many(specs)
         # A client retrying its request replays the same enqueue: no second job.
