@@ -30,6 +30,12 @@ def test_the_readme_documents_every_setting() -> None:
     assert missing == []
 
 
-def test_ci_runs_the_readme_test_command() -> None:
-    assert "make test" in read("README.md")
-    assert "make test" in read(".ci/run")
+def test_ci_runs_the_readme_test_command_as_written_and_against_the_machine_server() -> None:
+    assert "make test   # the whole test suite" in read("README.md")
+    legs = [line for line in read(".ci/run").splitlines()
+            if re.search(r"\bmake test\b", line) and not line.lstrip().startswith(("#", "leg "))]
+    # One leg exactly as a newcomer runs it (no DATABASE_URL: the embedded server), one against
+    # the machine's server.
+    assert legs[0] == "env -u DATABASE_URL make test"
+    assert legs[1].startswith("DATABASE_URL=$MACHINE_DATABASE_URL make test ")
+    assert len(legs) == 2
