@@ -7,11 +7,9 @@ written, with an error that names the problem.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -20,19 +18,32 @@ from django.utils import timezone
 
 from . import sql
 from .conf import settings
-from .exceptions import (
-    InvalidJobOption,
-    PayloadNotJSON,
-    PayloadTooLarge,
-    UnknownQueue,
-    UnknownTask,
-)
+from .exceptions import InvalidJobOption, UnknownQueue, UnknownTask
 from .models import PRIORITY_MAX, PRIORITY_MIN, Job
+from .payloads import encode_json
 from .registry import Handler, registry
+from .validation import (
+    duration_problem,
+    escape_control,
+    queue_problem,
+    seconds_of,
+    shown,
+    text_problem,
+    whole_number_problem,
+)
 
-_QUEUE_MAX_LENGTH = 64
-_KEY_MAX_LENGTH = 255
-_TRACE_MAX_LENGTH = 64
+KEY_MAX_LENGTH = 255
+TRACE_MAX_LENGTH = 64
+FAIRNESS_KEY_MAX_LENGTH = 200
+MAX_ATTEMPTS_LIMIT = 1_000_000
+LEASE_MAX_SECONDS = 7 * 24 * 3600
+# The longest delay or max age a job may have: ten years. Past that a value is a mistake (a
+# timestamp passed as seconds, 1e300), and PostgreSQL's timestamps would overflow.
+DURATION_MAX_SECONDS = 10 * 365 * 24 * 3600
+OPTIONS = frozenset({
+    "queue", "priority", "run_at", "delay", "idempotency_key", "max_attempts", "max_age",
+    "lease", "trace_id", "fairness_key", "payload_version",
+})
 
 
 @dataclass(frozen=True)
@@ -55,16 +66,19 @@ def enqueue(task: str | Handler, payload: Any, **options: Any) -> Job:
     trace_id, fairness_key, payload_version, using. A second enqueue with the same task and
     idempotency_key returns the existing job (``job.created`` is False) and writes nothing.
     """
-    return enqueue_many([JobSpec(task, payload, options)], using=options.get("using"))[0]
+    using = options.pop("using", None)
+    return enqueue_many([JobSpec(task, payload, options)], using=using)[0]
 
 
 def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
     """Enqueue many jobs with one INSERT, in order; all are validated before any is written."""
+    alias = DEFAULT_DB_ALIAS if using is None else using
+    if not isinstance(alias, str) or alias not in connections:
+        raise InvalidJobOption(f"using must name a database in DATABASES, got {shown(using)}")
     defaults = _Defaults.read()
     rows = [_validate(spec, defaults) for spec in specs]
     if not rows:
         return []
-    alias = using or DEFAULT_DB_ALIAS
     with connections[alias].cursor() as cursor:
         if len(rows) == 1:
             cursor.execute(_enqueue_sql("enqueue_rows_one"), [*rows[0].values, defaults.notify])
@@ -93,6 +107,7 @@ class _Defaults:
     max_age_seconds: float
     lease_seconds: int
     max_payload_bytes: int
+    max_payload_depth: int
     notify: bool
 
     @classmethod
@@ -105,6 +120,7 @@ class _Defaults:
             max_age_seconds=float(settings.MAX_AGE_SECONDS),
             lease_seconds=settings.LEASE_SECONDS,
             max_payload_bytes=settings.MAX_PAYLOAD_BYTES,
+            max_payload_depth=settings.MAX_PAYLOAD_DEPTH,
             notify=bool(settings.NOTIFY),
         )
 
@@ -116,51 +132,60 @@ class _Row:
 
 
 def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
+    if not isinstance(spec, JobSpec):
+        raise InvalidJobOption(
+            f"enqueue_many takes JobSpec objects (JobSpec.of(task, payload, **options)), "
+            f"got {type(spec).__name__}"
+        )
     opts = dict(spec.options)
-    opts.pop("using", None)
+    if "using" in opts:
+        raise InvalidJobOption(
+            "a JobSpec cannot choose its database: enqueue_many writes every spec in one "
+            "statement, so pass using= to enqueue_many"
+        )
+    unknown = sorted(escape_control(str(k)) for k in opts if k not in OPTIONS)
+    if unknown:
+        raise InvalidJobOption(f"unknown enqueue option(s): {', '.join(unknown)}")
     handler = _resolve_handler(spec.task)
-    name = handler.name if handler is not None else str(spec.task)
-    payload_version = opts.pop("payload_version", handler.version if handler else 1)
-    queue = _first(opts.pop("queue", None), handler and handler.queue, defaults.queue)
-    priority = opts.pop("priority", handler.priority if handler else 0)
-    run_at = opts.pop("run_at", None)
-    delay = opts.pop("delay", None)
-    key = opts.pop("idempotency_key", None)
-    max_attempts = _first(opts.pop("max_attempts", None), handler and handler.max_attempts,
-                          defaults.max_attempts)
-    max_age = _first(opts.pop("max_age", None), handler and handler.max_age)
-    lease = _first(opts.pop("lease", None), handler and handler.lease)
-    trace_id = opts.pop("trace_id", "") or ""
-    fairness_key = opts.pop("fairness_key", None)
-    if opts:
-        raise InvalidJobOption(f"unknown enqueue option(s): {', '.join(sorted(opts))}")
+    name = handler.name
+    payload_version = opts.get("payload_version", handler.version)
+    queue = _first(opts.get("queue"), handler.queue, defaults.queue)
+    priority = opts.get("priority", handler.priority)
+    run_at = opts.get("run_at")
+    delay = opts.get("delay")
+    key = opts.get("idempotency_key")
+    max_attempts = _first(opts.get("max_attempts"), handler.max_attempts, defaults.max_attempts)
+    max_age = _first(opts.get("max_age"), handler.max_age)
+    lease = _first(opts.get("lease"), handler.lease)
+    trace_id = opts.get("trace_id")
+    fairness_key = opts.get("fairness_key")
 
-    _check_queue(queue, defaults.queues)
-    _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
-    _check_int("max_attempts", max_attempts, 1, 1_000_000)
-    _check_int("payload_version", payload_version, 1, 32767)
-    if run_at is not None and delay is not None:
-        raise InvalidJobOption("give run_at or delay, not both")
-    if run_at is not None:
-        if not isinstance(run_at, datetime):
-            raise InvalidJobOption(f"run_at must be a datetime, not {type(run_at).__name__}")
-        if timezone.is_naive(run_at):
-            raise InvalidJobOption(
-                "run_at is a naive datetime; give an aware one (e.g. django.utils.timezone.now())"
-            )
-    delay_seconds = _seconds("delay", delay, allow_zero=True) if delay is not None else 0.0
-    max_age_seconds = (
-        _seconds("max_age", max_age) if max_age is not None else defaults.max_age_seconds
-    )
-    lease_seconds = (
-        math.ceil(_seconds("lease", lease)) if lease is not None else defaults.lease_seconds
-    )
-    _check_int("lease", lease_seconds, 1, 7 * 24 * 3600)
-    _check_text("idempotency_key", key, _KEY_MAX_LENGTH, optional=True)
-    _check_text("trace_id", trace_id, _TRACE_MAX_LENGTH, optional=False)
-    _check_text("fairness_key", fairness_key, 200, optional=True)
+    problem = queue_problem(queue)
+    if problem is not None:
+        raise UnknownQueue(f"queue {problem}")
+    if defaults.queues is not None and queue not in defaults.queues:
+        raise UnknownQueue(
+            f"unknown queue {queue!r}: PGJOBS_QUEUES declares {', '.join(sorted(defaults.queues))}"
+        )
+    _check("priority", whole_number_problem(priority, PRIORITY_MIN, PRIORITY_MAX))
+    _check("max_attempts", whole_number_problem(max_attempts, 1, MAX_ATTEMPTS_LIMIT))
+    _check("payload_version", whole_number_problem(payload_version, 1, 32767))
+    _check("lease", duration_problem(lease, 1, LEASE_MAX_SECONDS) if lease is not None else None)
+    _check("max_age", duration_problem(max_age, 0, DURATION_MAX_SECONDS, low_inclusive=False)
+           if max_age is not None else None)
+    _check("idempotency_key", text_problem(key, KEY_MAX_LENGTH) if key is not None else None)
+    _check("trace_id", text_problem(trace_id, TRACE_MAX_LENGTH, allow_empty=True)
+           if trace_id is not None else None)
+    _check("fairness_key", text_problem(fairness_key, FAIRNESS_KEY_MAX_LENGTH)
+           if fairness_key is not None else None)
+    max_age_seconds = seconds_of(max_age) if max_age is not None else defaults.max_age_seconds
+    assert max_age_seconds is not None
+    delay_seconds = _due_in(run_at, delay, max_age_seconds)
+    lease_seconds = defaults.lease_seconds if lease is None else _whole_seconds(lease)
 
-    encoded = encode_payload(spec.payload, limit=defaults.max_payload_bytes)
+    encoded = encode_json(spec.payload, limit=defaults.max_payload_bytes,
+                          max_depth=defaults.max_payload_depth)
+    trace_id = trace_id or ""
     job = Job(
         task=name,
         payload_version=payload_version,
@@ -183,117 +208,88 @@ def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
     return _Row(job, values)
 
 
+def _check(option: str, problem: str | None) -> None:
+    if problem is not None:
+        raise InvalidJobOption(f"{option} {problem}")
+
+
+def _due_in(run_at: Any, delay: Any, max_age_seconds: float) -> float:
+    """Seconds from now until the job is due; refuse a time at or past the job's deadline."""
+    if run_at is not None and delay is not None:
+        raise InvalidJobOption("give run_at or delay, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise InvalidJobOption(f"run_at must be a datetime, not {type(run_at).__name__}")
+        if timezone.is_naive(run_at):
+            raise InvalidJobOption(
+                "run_at is a naive datetime; give an aware one (e.g. django.utils.timezone.now())"
+            )
+        due_in = (run_at - timezone.now()).total_seconds()
+        what = f"run_at {run_at.isoformat()}"
+    elif delay is not None:
+        _check("delay", duration_problem(delay, 0, DURATION_MAX_SECONDS))
+        due_in = seconds_of(delay) or 0.0
+        what = f"delay of {due_in:g}s"
+    else:
+        return 0.0
+    if due_in >= max_age_seconds:
+        # The job would be due at or after its deadline: it could only ever die unrun.
+        raise InvalidJobOption(
+            f"{what} is at or after the job's deadline ({max_age_seconds:g}s after enqueue, "
+            "its max_age): it could never run; give a longer max_age or an earlier time"
+        )
+    return 0.0 if run_at is not None else due_in
+
+
+def _whole_seconds(lease: Any) -> int:
+    seconds = seconds_of(lease)
+    assert seconds is not None  # checked by duration_problem
+    return -int(-seconds // 1)  # whole seconds, rounded up
+
+
 def _first(*values: Any) -> Any:
     """The first value that is not None (0 and empty values count: they are errors to report)."""
     return next((v for v in values if v is not None), None)
 
 
-def _resolve_handler(task: str | Handler) -> Handler | None:
+def _resolve_handler(task: str | Handler) -> Handler:
     if isinstance(task, Handler):
         return task
     if not isinstance(task, str):
         raise InvalidJobOption(f"task must be a task name or a handler, not {type(task).__name__}")
-    handler = registry.get(task)
+    handler = registry.resolve(task, may_import=False)
     if handler is None:
         raise UnknownTask(task)
     return handler
 
 
-def _check_queue(queue: Any, declared: frozenset[str] | None) -> None:
-    if not isinstance(queue, str) or not queue or len(queue) > _QUEUE_MAX_LENGTH:
-        raise UnknownQueue(
-            f"queue must be a non-empty name of at most {_QUEUE_MAX_LENGTH} characters"
-        )
-    if declared is not None and queue not in declared:
-        raise UnknownQueue(
-            f"unknown queue {queue!r}: PGJOBS_QUEUES declares {', '.join(sorted(declared))}"
-        )
-
-
-def _check_int(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidJobOption(f"{name} must be a whole number from {low} to {high}, got {value!r}")
-
-
-def _check_text(name: str, value: Any, limit: int, *, optional: bool) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str) or len(value) > limit or (optional and not value):
-        raise InvalidJobOption(f"{name} must be a non-empty string of at most {limit} characters")
-
-
-def _seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise InvalidJobOption(f"{name} must be a timedelta or a number of seconds")
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise InvalidJobOption(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds")
-    return seconds
-
-
 def encode_payload(payload: Any, *, limit: int | None = None) -> str:
-    """Return ``payload`` as JSON text, or say which key is not JSON or that it is too large."""
-    _check_json(payload, "payload")
-    encoded = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    size = len(encoded.encode("utf-8"))
-    if limit is None:
-        limit = settings.MAX_PAYLOAD_BYTES
-    if size > limit:
-        raise PayloadTooLarge(size, limit)
-    return encoded
-
-
-def _check_json(value: Any, path: str) -> None:
-    # Stricter than json.dumps: it would turn tuples into lists and int keys into strings, so
-    # the handler would get back something other than what was enqueued.
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise PayloadNotJSON(path, "contains a NUL character, which PostgreSQL cannot store")
-        return
-    if value is None or isinstance(value, bool | int):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise PayloadNotJSON(path, f"{value!r} is not a finite number")
-        return
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_json(item, f"{path}[{index}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise PayloadNotJSON(path, f"key {key!r} is a {type(key).__name__}, not a string")
-            if "\x00" in key:
-                raise PayloadNotJSON(path, f"key {key!r} contains a NUL character")
-            _check_json(item, f"{path}[{key!r}]")
-        return
-    raise PayloadNotJSON(path, f"{type(value).__name__} is not JSON (use str, int, float, "
-                         "bool, None, list or dict)")
+    """``payload`` as JSON text, or say which key is not JSON or that it is too large."""
+    return encode_json(
+        payload, limit=settings.MAX_PAYLOAD_BYTES if limit is None else limit,
+        max_depth=settings.MAX_PAYLOAD_DEPTH,
+    )
 
 
 def _pair_with_rows(rows: Sequence[_Row], returned: list[tuple[Any, ...]], alias: str) -> list[Job]:
-    by_key = {r[1]: r for r in returned if r[1] is not None}
-    unkeyed = iter(r for r in returned if r[1] is None)
+    # A returned row is found by (task, key): two tasks may use the same idempotency key. Jobs
+    # without a key come back in the order they were given.
+    inserted = {(r[1], r[2]): r for r in returned if r[2] is not None}
+    unkeyed = iter(r for r in returned if r[2] is None)
     jobs: list[Job] = []
-    claimed_keys: set[str] = set()
     for row in rows:
         job = row.job
-        key = job.idempotency_key
-        found = by_key.get(key) if key is not None and key not in claimed_keys else None
-        if key is not None and found is None:
-            existing = Job.objects.using(alias).get(task=job.task, idempotency_key=key)
+        identity = (job.task, job.idempotency_key)
+        found = next(unkeyed) if job.idempotency_key is None else inserted.pop(identity, None)
+        if found is None:
+            # The key was taken before this statement, or by an earlier spec of this one.
+            existing = Job.objects.using(alias).get(
+                task=job.task, idempotency_key=job.idempotency_key
+            )
             existing.created = False  # type: ignore[attr-defined]
             jobs.append(existing)
             continue
-        if found is None:
-            found = next(unkeyed)
-        else:
-            claimed_keys.add(key)  # type: ignore[arg-type]
-        job.id, _, job.status, job.run_at, job.deadline, job.created_at = found[:6]
+        job.id, _, _, job.status, job.run_at, job.deadline, job.created_at = found[:7]
         job.updated_at = job.created_at
         job._state.adding = False
         job._state.db = alias

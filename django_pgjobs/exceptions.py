@@ -29,7 +29,7 @@ class UnknownQueue(EnqueueError):
 
 class PayloadNotJSON(EnqueueError):
     def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"payload is not JSON at {path}: {reason}")
+        super().__init__(f"not JSON at {path}: {reason}")
         self.path = path
 
 

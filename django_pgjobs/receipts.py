@@ -17,7 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from . import sql
 from .conf import settings
-from .enqueuing import encode_payload
+from .payloads import encode_json
 
 _UNSET = object()
 
@@ -40,11 +40,16 @@ class Receipt:
     def result(self, value: Any) -> None:
         if self.done:
             raise RuntimeError(f"receipt {self.scope}:{self.key} is already done")
-        encode_payload(value)  # refuse a result that is not JSON before the effect commits
+        _encode(value)  # refused before the effect commits
         self._new_result = value
 
     def __repr__(self) -> str:
         return f"<Receipt {self.scope}:{self.key} done={self.done}>"
+
+
+def _encode(result: Any) -> str:
+    return encode_json(result, root="receipt result", limit=settings.MAX_PAYLOAD_BYTES,
+                       max_depth=settings.MAX_PAYLOAD_DEPTH)
 
 
 @contextmanager
@@ -80,5 +85,6 @@ def receipt(
         yield held
         if not held.done and held._new_result is not _UNSET:
             cursor.execute(
-                sql.query("record_receipt_result"), [encode_payload(held.result), receipt_id]
+                sql.query("record_receipt_result"),
+                [_encode(held.result), receipt_id],
             )

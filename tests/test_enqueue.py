@@ -130,13 +130,13 @@ def test_enqueue_many_is_one_statement_in_order() -> None:
         (lambda: django_pgjobs.enqueue("tests.ok", {}, priority=True), InvalidJobOption,
          "priority must be a whole number"),
         (lambda: django_pgjobs.enqueue("tests.ok", {}, delay=-1), InvalidJobOption,
-         "delay must be >= 0"),
+         "delay must be from 0 to 3.1536e+08 seconds, got -1"),
         (lambda: django_pgjobs.enqueue("tests.ok", {}, delay=1, run_at=timezone.now()),
          InvalidJobOption, "not both"),
         (lambda: django_pgjobs.enqueue("tests.ok", {}, max_attempts=0), InvalidJobOption,
          "max_attempts"),
         (lambda: django_pgjobs.enqueue("tests.ok", {}, lease=timedelta(0)), InvalidJobOption,
-         "lease must be > 0"),
+         "lease must be from 1 to 604800 seconds, got datetime.timedelta(0)"),
         (lambda: django_pgjobs.enqueue("tests.ok", {}, idempotency_key=""), InvalidJobOption,
          "idempotency_key"),
         (lambda: django_pgjobs.enqueue("tests.ok", {}, queue=""), UnknownQueue, "queue"),
@@ -173,3 +173,23 @@ def test_payload_limit_follows_the_setting(settings) -> None:
     with pytest.raises(PayloadTooLarge, match="over the 100-byte limit"):
         django_pgjobs.enqueue("tests.ok", {"x": "y" * 100})
     assert Job.objects.count() == 1
+
+
+@pytest.mark.parametrize("order", [("tests.ok", "tests.transient"),
+                                   ("tests.transient", "tests.ok")])
+def test_enqueue_many_tells_apart_two_tasks_that_share_an_idempotency_key(order) -> None:
+    first, second = order
+    existing = django_pgjobs.enqueue(second, {"old": True}, idempotency_key="shared")
+    # The spec whose key is taken comes first: matched by key alone, it would be handed the
+    # row inserted for the other task.
+    jobs = django_pgjobs.enqueue_many([
+        JobSpec.of(second, {"new": 2}, idempotency_key="shared"),
+        JobSpec.of(first, {"new": 1}, idempotency_key="shared"),
+        JobSpec.of(first, {"new": 3}, idempotency_key="shared"),
+    ])
+    assert [(j.task, j.created) for j in jobs] == [  # type: ignore[attr-defined]
+        (second, False), (first, True), (first, False)]
+    assert jobs[0].pk == existing.pk
+    assert jobs[2].pk == jobs[1].pk != existing.pk
+    stored = {j.pk: (j.task, j.payload) for j in Job.objects.all()}
+    assert stored == {existing.pk: (second, {"old": True}), jobs[1].pk: (first, {"new": 1})}

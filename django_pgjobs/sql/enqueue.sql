@@ -22,12 +22,12 @@ WITH inserted AS (
                  fairness_key)
     ) AS t
     ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, idempotency_key, status, run_at, deadline, created_at, queue
+    RETURNING id, task, idempotency_key, status, run_at, deadline, created_at, queue
 ), notified AS (
     SELECT count(pg_notify('pgjobs', n.queue)) AS sent
     FROM (SELECT DISTINCT queue FROM inserted WHERE status = 'ready' AND %s::boolean) AS n
 )
-SELECT i.id, i.idempotency_key, i.status, i.run_at, i.deadline, i.created_at,
+SELECT i.id, i.task, i.idempotency_key, i.status, i.run_at, i.deadline, i.created_at,
        (SELECT sent FROM notified)
 FROM inserted AS i
 

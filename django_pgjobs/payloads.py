@@ -1,0 +1,79 @@
+"""JSON that comes back exactly as it was given: payloads, results and receipt results.
+
+``json.dumps`` alone is too forgiving for a queue: it turns tuples into lists and integer keys
+into strings (the handler would get back something other than what was enqueued), and it writes
+text that PostgreSQL's jsonb refuses (a NUL character, a lone surrogate) or that other readers
+cannot parse (integers of thousands of digits). ``encode_json`` refuses all of these before
+anything is sent, naming the path of the first bad value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .exceptions import PayloadNotJSON, PayloadTooLarge
+from .validation import storable_text_problem
+
+# Integers beyond this are refused: json.dumps raises on more than 4,300 digits, and no JSON
+# reader outside Python holds them. 2**1024 (309 digits) is a double's range.
+INT_MAX_ABS = 2**1024
+
+
+def encode_json(
+    value: Any, *, root: str = "payload", limit: int | None = None, max_depth: int | None = None
+) -> str:
+    """``value`` as compact JSON text; raise ``PayloadNotJSON`` or ``PayloadTooLarge``.
+
+    ``limit`` bounds the encoded size in bytes, ``max_depth`` the nesting of lists and objects.
+    """
+    _check(value, root, 0, max_depth if max_depth is not None else 10_000)
+    encoded = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if limit is not None:
+        size = len(encoded.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLarge(size, limit)
+    return encoded
+
+
+def _check(value: Any, path: str, depth: int, max_depth: int) -> None:
+    # Iterative for lists of scalars would be faster, but payloads are small; the recursion is
+    # bounded by max_depth, far below Python's own limit.
+    if isinstance(value, str):
+        problem = storable_text_problem(value)
+        if problem is not None:
+            raise PayloadNotJSON(path, problem)
+        return
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not -INT_MAX_ABS < value < INT_MAX_ABS:
+            raise PayloadNotJSON(path, "an integer beyond ±2**1024 has no JSON reader outside "
+                                 "Python; send it as a string")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PayloadNotJSON(path, f"{value!r} is not a finite number")
+        return
+    if isinstance(value, list | dict):
+        if depth >= max_depth:
+            raise PayloadNotJSON(path, f"nested more than {max_depth} levels deep "
+                                 "(PGJOBS_MAX_PAYLOAD_DEPTH)")
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                _check(item, f"{path}[{index}]", depth + 1, max_depth)
+            return
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PayloadNotJSON(path, f"key {key!r} is a {type(key).__name__}, not a string")
+            problem = storable_text_problem(key)
+            if problem is not None:
+                raise PayloadNotJSON(path, f"key {key!r} {problem}")
+            _check(item, f"{path}[{key!r}]", depth + 1, max_depth)
+        return
+    raise PayloadNotJSON(path, f"{type(value).__name__} is not JSON (use str, int, float, "
+                         "bool, None, list or dict)")
+
+
+__all__ = ["INT_MAX_ABS", "encode_json"]

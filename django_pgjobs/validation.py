@@ -1,0 +1,170 @@
+"""The rules every input is held to, written once.
+
+Enqueue, the management commands, the system checks, the Tasks backend and the models all ask
+these functions; each returns ``None`` when a value is acceptable and otherwise a phrase that
+completes "<name> ..." (``"must be a whole number from 1 to 100, got 2.5"``), so every caller
+raises its own kind of error with the same words. Nothing here imports the rest of the package.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+
+QUEUE_NAME_MAX_LENGTH = 64
+# Letters, digits and ``_ . -``; no ``:`` (``--queue NAME:WEIGHT``), no spaces or control
+# characters (queue names go into log lines and NOTIFY payloads).
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", re.ASCII)
+QUEUE_NAME_RULE = (
+    f"1 to {QUEUE_NAME_MAX_LENGTH} letters, digits, '_', '.' or '-', not starting with '.' "
+    "or '-'"
+)
+TASK_NAME_MAX_LENGTH = 200
+TASK_NAME = re.compile(r"[A-Za-z_][\w.:-]{0,199}", re.ASCII)
+TASK_NAME_RULE = (
+    "a letter or underscore, then letters, digits and . _ : - "
+    f"(at most {TASK_NAME_MAX_LENGTH} characters)"
+)
+# Control characters forge log lines (a newline starts a new one) and terminals obey some.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def queue_problem(value: object) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a queue name ({QUEUE_NAME_RULE}), not {type(value).__name__}"
+    if QUEUE_NAME.fullmatch(value) is None:
+        return f"must be a queue name ({QUEUE_NAME_RULE}), got {value!r}"
+    return None
+
+
+def task_name_problem(value: object) -> str | None:
+    if not isinstance(value, str) or TASK_NAME.fullmatch(value) is None:
+        return f"must be a task name ({TASK_NAME_RULE}), got {value!r}"
+    return None
+
+
+def whole_number_problem(value: object, low: int, high: int) -> str | None:
+    """A whole number (not a bool, not a float) from ``low`` to ``high``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return f"must be a whole number from {low} to {high}, got {shown(value)}"
+    return None
+
+
+def number_problem(
+    value: object, low: float, high: float, *, low_inclusive: bool = True
+) -> str | None:
+    """A finite number (a bool is not one) between ``low`` and ``high``."""
+    number = seconds_of(value)
+    if number is None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"must be at most {high:g}, got {shown(value)}"
+        return f"must be a number, got {shown(value)}"
+    above = number >= low if low_inclusive else number > low
+    if not math.isfinite(number) or not above or number > high:
+        return f"must be a finite number {_span(low, high, low_inclusive)}, got {shown(value)}"
+    return None
+
+
+def seconds_of(value: object) -> float | None:
+    """``value`` (a timedelta or a number) in seconds, or None when it is neither or too large."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def duration_problem(
+    value: object, low: float, high: float, *, low_inclusive: bool = True
+) -> str | None:
+    """A timedelta or a finite number of seconds between ``low`` and ``high``."""
+    seconds = seconds_of(value)
+    if seconds is None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"must be at most {high:g} seconds, got {shown(value)}"
+        return f"must be a timedelta or a number of seconds, got {type(value).__name__}"
+    above = seconds >= low if low_inclusive else seconds > low
+    if not math.isfinite(seconds) or not above or seconds > high:
+        return f"must be {_span(low, high, low_inclusive)} seconds, got {shown(value)}"
+    return None
+
+
+def bool_problem(value: object) -> str | None:
+    if not isinstance(value, bool):
+        return f"must be True or False, got {shown(value)}"
+    return None
+
+
+def text_problem(value: object, max_length: int, *, allow_empty: bool = False) -> str | None:
+    """A string PostgreSQL can store and a log line can carry as it is."""
+    if not isinstance(value, str):
+        return f"must be a string, not {type(value).__name__}"
+    if not value and not allow_empty:
+        return "must not be empty"
+    if len(value) > max_length:
+        return f"must be at most {max_length} characters, got {len(value)}"
+    return storable_text_problem(value) or (
+        "must not contain control characters (newlines, tabs, NUL)"
+        if _CONTROL.search(value) else None
+    )
+
+
+def storable_text_problem(value: str) -> str | None:
+    """What keeps PostgreSQL from storing ``value`` as text: a NUL, or a lone surrogate."""
+    if "\x00" in value:
+        return "contains a NUL character, which PostgreSQL cannot store"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (f"contains a lone surrogate ({value[exc.start]!r} at index {exc.start}), "
+                    "which is not UTF-8")
+    return None
+
+
+def escape_control(text: str) -> str:
+    """``text`` with control characters written as escapes, so it stays on one log line."""
+    if _CONTROL.search(text) is None:
+        return text
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``value`` as an error message quotes it: short, and safe for any value."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = repr(value)
+    except Exception:  # a value whose repr fails is still described
+        text = f"<{type(value).__name__}>"
+    text = escape_control(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _span(low: float, high: float, low_inclusive: bool) -> str:
+    return f"from {low:g} to {high:g}" if low_inclusive else f"above {low:g} and at most {high:g}"
+
+
+__all__ = [
+    "QUEUE_NAME",
+    "QUEUE_NAME_MAX_LENGTH",
+    "QUEUE_NAME_RULE",
+    "TASK_NAME",
+    "TASK_NAME_MAX_LENGTH",
+    "TASK_NAME_RULE",
+    "bool_problem",
+    "duration_problem",
+    "escape_control",
+    "number_problem",
+    "queue_problem",
+    "seconds_of",
+    "shown",
+    "storable_text_problem",
+    "task_name_problem",
+    "text_problem",
+    "whole_number_problem",
+]
