@@ -22,7 +22,7 @@ from .exceptions import (
     UnknownQueue,
     UnknownTask,
 )
-from .registry import Handler, job
+from .registry import Handler, job, redact
 
 if TYPE_CHECKING:
     from .enqueuing import JobSpec
@@ -46,6 +46,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "job",
+    "redact",
 ]
 
 

@@ -13,6 +13,7 @@ from django.conf import settings as django_settings
 DEFAULT_QUEUE = "default"
 DEFAULT_QUEUES: list[str] | None = None  # None: any queue name is accepted
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+DEFAULT_MAX_PAYLOAD_DEPTH = 32  # nesting of lists and objects in a payload
 DEFAULT_LEASE_SECONDS = 30
 DEFAULT_MAX_ATTEMPTS = 20
 DEFAULT_MAX_AGE_SECONDS = 3 * 24 * 3600
@@ -48,24 +49,33 @@ DEFAULT_AGING_CAP = 100
 DEFAULT_AGING_BATCH = 1000
 DEFAULT_BACKLOG_MAX_AGE_SECONDS: dict[str, float] = {}
 DEFAULT_BACKLOG_CHECK_INTERVAL_SECONDS = 30.0
+# Matched as whole words of snake, kebab or camel case (see redaction.py): "pass" hides "db_pass"
+# and "userPass", never "passenger".
 DEFAULT_REDACT_KEYS = (
     "password",
     "passwd",
+    "pwd",
+    "pass",
+    "passphrase",
     "secret",
     "token",
     "authorization",
     "auth",
+    "credentials",
+    "credential",
+    "jwt",
     "api_key",
     "apikey",
+    "private_key",
     "card",
     "card_number",
     "cvv",
     "cvc",
     "ssn",
     "iban",
-    "private_key",
     "cookie",
     "session",
+    "sessionid",
 )
 DEFAULT_HANDLER_MODULES = ("jobs",)
 

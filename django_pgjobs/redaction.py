@@ -2,18 +2,25 @@
 
 Two rules decide what is hidden:
 
-- keys: a mapping key is secret when its normalised form (lower case, letters and digits only)
-  contains a normalised entry of ``PGJOBS_REDACT_KEYS``, at any depth. ``"X-Api-Key"`` matches
-  ``"api_key"``; the match errs toward hiding (``"card"`` also hides ``"discard_reason"``).
+- keys: a mapping key is secret when the words of an entry of ``PGJOBS_REDACT_KEYS`` stand in
+  it as whole words, at any depth. A key's words are its parts in snake, kebab or camel case
+  (``"X-Api-Key"`` and ``"xApiKey"`` are ``x api key``, so both match ``"api_key"``); a word may
+  carry a plural ``s`` (``"cards"`` matches ``"card"``), but ``"card"`` does not hide
+  ``"discard_reason"`` and ``"pass"`` does not hide ``"passenger"``.
 - paths: a handler declares ``redact=("customer.email", "items[*].pan")``. A path is segments
   joined by ``.``; a segment is a key or ``*`` (every key of a mapping), optionally followed by
   ``[*]`` (every element of a list) or ``[N]`` (element N); a path may start with ``[*]`` for a
   payload that is a list. Keys that contain ``.``, ``[`` or ``]`` cannot be named by a path.
 
 A hidden value shows as ``[redacted]``, whole (a secret mapping hides everything under it). Text
-(error messages, tracebacks, log lines) is scrubbed twice: every hidden value of the job's
-payload is replaced wherever it appears, and ``<secret key>=<value>`` or ``<secret key>: <value>``
-pairs are replaced whatever their value.
+(error messages, tracebacks, log lines) is scrubbed three ways: every hidden value of the job's
+payload is replaced wherever it appears; ``<secret key>=<value>`` and ``<secret key>: <value>``
+pairs are replaced whatever their value (a name ending in ``Error``, ``Exception`` or
+``Warning`` before a colon is an exception class, not a key); and the password of a URL or DSN
+(``scheme://user:password@host``) is replaced.
+
+What an application writes into free text under no key (``"charged 4111..."``) cannot be found
+unless the payload holds the same value: see docs/security.md.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -36,7 +43,20 @@ MIN_SCRUB_CHARS = 3
 _SEGMENT = re.compile(r"^(?P<key>[^.\[\]]*)(?P<indexes>(?:\[(?:\*|\d+)\])*)$")
 _INDEX = re.compile(r"\[(\*|\d+)\]")
 _ANY = object()
-_CAMEL_CASE = re.compile(r"[a-z][A-Z]")
+# The words of a key: runs of capitals before a capitalised word (HTTPHeader: HTTP, Header),
+# capitalised or lower-case words, digits.
+_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+_EXCEPTION_CLASS = re.compile(r"(?:Error|Exception|Warning)$")
+# Any ``name: value`` or ``name=value`` pair; whether the name is secret is decided per match.
+_PAIR = re.compile(
+    r"(?P<head>(?P<key>[A-Za-z_][\w.-]*)(?P<quote>['\"]?)\s*(?P<sep>[:=])\s*"
+    r"(?:(?:bearer|basic|token)\s+)?)"
+    r"(?:\"[^\"]*\"|'[^']*'|[^\s,;&'\")\]}]+)",
+    re.IGNORECASE,
+)
+_URL_PASSWORD = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@]*:)(?P<password>[^\s@/?#]+)(?=@)"
+)
 
 
 @dataclass(frozen=True)
@@ -49,51 +69,45 @@ class Redacted:
 
 @dataclass(frozen=True)
 class Redactor:
-    """Hide secret keys and declared paths in payloads, and their values in text."""
+    """Hide secret keys and declared paths in payloads, and their values in text.
+
+    ``paths_for``, when given, adds paths that depend on the value itself (a django.tasks
+    payload's positional arguments, named by the function's parameters).
+    """
 
     keys: tuple[str, ...]
     paths: tuple[str, ...] = ()
+    paths_for: Callable[[Any, tuple[str, ...]], Iterable[str]] | None = None
 
     def redact(self, value: Any) -> Redacted:
         """Return a copy of ``value`` with secrets replaced, and the secrets' text."""
         hidden: list[Any] = []
-        copy = _redact_keys(value, _normalised_keys(self.keys), hidden)
-        for path in self.paths:
+        keys = _key_words(self.keys)
+        copy = _redact_keys(value, keys, hidden)
+        paths = self.paths
+        if self.paths_for is not None:
+            paths = (*paths, *self.paths_for(value, self.keys))
+        for path in paths:
             copy = _redact_path(copy, compile_path(path), hidden)
         return Redacted(copy, tuple(_secret_texts(hidden)))
+
+    def is_secret(self, key: str) -> bool:
+        """Whether a mapping key (or an argument's name) is secret under these keys."""
+        return _is_secret_key(key, _key_words(self.keys))
 
     def payload(self, value: Any) -> Any:
         """Return a copy of ``value`` with secrets replaced."""
         return self.redact(value).value
 
     def text(self, text: str, payload: Any = None) -> str:
-        """Scrub ``payload``'s secret values and any ``key=value`` secrets out of ``text``."""
+        """Scrub ``payload``'s secret values, ``key=value`` secrets and URL passwords."""
         if not text:
             return text
         secrets = self.redact(payload).secrets if payload is not None else ()
         if secrets:
             text = _secret_values_pattern(secrets).sub(REDACTED, text)
-        pattern = _key_value_pattern(tuple(self.keys))
-        return _scrub_pairs(pattern, text) if pattern is not None else text
-
-
-def redactor_for(task: str | None = None) -> Redactor:
-    """The redactor for ``task``: the configured keys plus the paths its handler declares."""
-    from .registry import registry
-
-    handler = registry.get(task) if task else None
-    paths = tuple(handler.redact) if handler is not None else ()
-    return Redactor(tuple(settings.REDACT_KEYS), paths)
-
-
-def redact_payload(payload: Any, *, task: str | None = None) -> Any:
-    """Return ``payload`` as an operator without the raw-payload permission may see it."""
-    return redactor_for(task).payload(payload)
-
-
-def scrub_text(text: str, *, payload: Any = None, task: str | None = None) -> str:
-    """Return ``text`` (an error, a traceback, a log line) with the job's secrets removed."""
-    return redactor_for(task).text(text, payload)
+        text = _URL_PASSWORD.sub(lambda m: m["head"] + REDACTED, text)
+        return _scrub_pairs(_key_words(self.keys), text)
 
 
 class RedactingFilter(logging.Filter):
@@ -104,7 +118,7 @@ class RedactingFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        redactor = redactor_for(None)
+        redactor = Redactor(tuple(settings.REDACT_KEYS))
         record.msg = redactor.text(record.getMessage())
         record.args = None
         if record.exc_info and not record.exc_text:
@@ -164,23 +178,32 @@ def _redact_path(value: Any, steps: Sequence[object], hidden: list[Any]) -> Any:
 # --- keys -----------------------------------------------------------------------------------
 
 
-def _normalise(key: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", key.lower())
+@lru_cache(maxsize=4096)
+def key_words(key: str) -> tuple[str, ...]:
+    """A key's words, lower case: ``"X-Api-Key"`` and ``"xApiKey"`` are ``("x", "api", "key")``."""
+    return tuple(word.lower() for word in _WORD.findall(key))
 
 
 @lru_cache(maxsize=32)
-def _normalised_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(n for n in (_normalise(k) for k in keys) if n)
+def _key_words(keys: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    return tuple(words for words in map(key_words, keys) if words)
 
 
-def _is_secret_key(key: object, keys: tuple[str, ...]) -> bool:
+@lru_cache(maxsize=4096)
+def _is_secret_key(key: object, keys: tuple[tuple[str, ...], ...]) -> bool:
     if not isinstance(key, str):
         return False
-    normal = _normalise(key)
-    return any(k in normal for k in keys)
+    words = key_words(key)
+    for entry in keys:
+        last = len(words) - len(entry)
+        for start in range(last + 1):
+            if all(word == part or word == part + "s"
+                   for word, part in zip(words[start:], entry, strict=False)):
+                return True
+    return False
 
 
-def _redact_keys(value: Any, keys: tuple[str, ...], hidden: list[Any]) -> Any:
+def _redact_keys(value: Any, keys: tuple[tuple[str, ...], ...], hidden: list[Any]) -> Any:
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
@@ -230,28 +253,16 @@ def _secret_values_pattern(secrets: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(re.escape(s) for s in ordered))
 
 
-@lru_cache(maxsize=32)
-def _key_value_pattern(keys: tuple[str, ...]) -> re.Pattern[str] | None:
-    words = []
-    for key in keys:
-        parts = [re.escape(p) for p in re.split(r"[^A-Za-z0-9]+", key) if p]
-        if parts:
-            words.append("[-_ ]?".join(parts))
-    if not words:
-        return None
-    return re.compile(
-        r"(?P<head>(?P<key>[\w.-]*(?:" + "|".join(words) + r")[\w.-]*)(?P<quote>['\"]?)"
-        r"\s*(?P<sep>[:=])\s*(?:(?:bearer|basic|token)\s+)?)"
-        r"(?:\"[^\"]*\"|'[^']*'|[^\s,;&'\")\]}]+)",
-        re.IGNORECASE,
-    )
-
-
-def _scrub_pairs(pattern: re.Pattern[str], text: str) -> str:
+def _scrub_pairs(keys: tuple[tuple[str, ...], ...], text: str) -> str:
     out, pos = [], 0
-    while (match := pattern.search(text, pos)) is not None:
-        if match["sep"] == ":" and not match["quote"] and _CAMEL_CASE.search(match["key"]):
-            # "CardError: ..." names an exception class, not a secret; look again after it.
+    while (match := _PAIR.search(text, pos)) is not None:
+        key = match["key"]
+        exception_class = (
+            match["sep"] == ":" and not match["quote"] and _EXCEPTION_CLASS.search(key)
+        )
+        if exception_class or not _is_secret_key(key, keys):
+            # "CardError: ..." names an exception class; "amount=100" is no secret. Look again
+            # after the separator: the value may hold a pair of its own.
             out.append(text[pos:match.end("sep")])
             pos = match.end("sep")
             continue
@@ -268,7 +279,5 @@ __all__ = [
     "RedactingFilter",
     "Redactor",
     "compile_path",
-    "redact_payload",
-    "redactor_for",
-    "scrub_text",
+    "key_words",
 ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .conf import settings
 from .exceptions import InvalidJobOption
+from .redaction import Redactor, compile_path
+from .validation import task_name_problem
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -18,7 +20,6 @@ Upgrade = Callable[[Any], Any]
 
 # Jobs enqueued through the django.tasks backend are named this prefix + the task's module path.
 DJANGO_TASK_PREFIX = "django.tasks:"
-_NAME = re.compile(r"^[A-Za-z_][\w.:-]{0,199}$")
 
 
 class Handler:
@@ -40,11 +41,9 @@ class Handler:
         permanent_on: Iterable[type[BaseException]] = (),
         redact: Iterable[str] = (),
     ) -> None:
-        if not _NAME.match(name):
-            raise InvalidJobOption(
-                f"task name {name!r} must start with a letter or underscore and use only "
-                "letters, digits and . _ : - (at most 200 characters)"
-            )
+        problem = task_name_problem(name)
+        if problem is not None:
+            raise InvalidJobOption(f"task name {problem}")
         if not isinstance(version, int) or version < 1:
             raise InvalidJobOption(f"task {name!r}: version must be a whole number >= 1")
         if lease is not None and lease.total_seconds() < 1:
@@ -66,6 +65,13 @@ class Handler:
         self.retry_on = tuple(retry_on)
         self.permanent_on = tuple(permanent_on)
         self.redact = tuple(redact)
+        for path in self.redact:
+            try:
+                compile_path(path)
+            except ValueError as exc:
+                raise InvalidJobOption(f"task {name!r}: {exc}") from None
+        # Paths that depend on the payload itself; see Redactor.paths_for.
+        self.redact_paths_for: Callable[[Any, tuple[str, ...]], Iterable[str]] | None = None
         self.upgrades: dict[int, Upgrade] = {}
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", name)
@@ -97,9 +103,21 @@ class Handler:
         return enqueue(self, payload, **options)
 
 
+Resolver = Callable[[str, bool], "Handler | None"]
+
+
 class Registry:
+    """The handlers of this process, by task name.
+
+    ``get`` answers from what is registered and never imports anything. ``resolve`` also asks
+    the resolvers that integrations add for names of their own (the django.tasks backend
+    resolves ``django.tasks:<module path>``); only a worker, which must run whatever was
+    enqueued, and the admin, which must redact it, let a resolver import a module.
+    """
+
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._resolvers: dict[str, Resolver] = {}
 
     def add(self, handler: Handler) -> None:
         existing = self._handlers.get(handler.name)
@@ -110,17 +128,26 @@ class Registry:
             )
         self._handlers[handler.name] = handler
 
-    def get(self, name: str) -> Handler | None:
-        handler = self._handlers.get(name)
-        if handler is None and name.startswith(DJANGO_TASK_PREFIX):
-            # A django.tasks function: the backend builds its handler on first use (importing
-            # the function), and it is kept like any registered one.
-            from .backend import resolve_handler
+    def add_resolver(self, prefix: str, resolver: Resolver) -> None:
+        """Let ``resolver(name, may_import)`` build the handlers of names under ``prefix``."""
+        self._resolvers[prefix] = resolver
 
-            handler = resolve_handler(name)
-            if handler is not None:
-                self._handlers[name] = handler
-        return handler
+    def get(self, name: str) -> Handler | None:
+        """The handler registered under ``name``; nothing is imported."""
+        return self._handlers.get(name)
+
+    def resolve(self, name: str, *, may_import: bool = True) -> Handler | None:
+        """The handler for ``name``, built by a resolver if none is registered (and kept)."""
+        handler = self._handlers.get(name)
+        if handler is not None:
+            return handler
+        for prefix, resolver in self._resolvers.items():
+            if name.startswith(prefix):
+                handler = resolver(name, may_import)
+                if handler is not None:
+                    self._handlers.setdefault(name, handler)
+                    return self._handlers[name]
+        return None
 
     def names(self) -> list[str]:
         return sorted(self._handlers)
@@ -146,6 +173,34 @@ def job(
         return handler
 
     return register
+
+
+def redactor_for(task: str | None = None) -> Redactor:
+    """The redactor for ``task``: the configured keys plus the paths its handler declares."""
+    handler = registry.resolve(task) if task else None
+    keys = tuple(settings.REDACT_KEYS)
+    if handler is None:
+        return Redactor(keys)
+    return Redactor(keys, handler.redact, handler.redact_paths_for)
+
+
+def redact(*paths: str) -> Callable[[Any], Any]:
+    """Declare redaction paths on a function that is not a ``@job`` handler (a ``@task``).
+
+    Put it under ``@task``. A path's first segment names a parameter: ``@redact("card.number")``
+    hides ``card["number"]`` whether ``card`` is passed by keyword or by position.
+    """
+    for path in paths:
+        try:
+            compile_path(path)
+        except ValueError as exc:
+            raise InvalidJobOption(str(exc)) from None
+
+    def declare(func: Any) -> Any:
+        func.pgjobs_redact = (*getattr(func, "pgjobs_redact", ()), *paths)
+        return func
+
+    return declare
 
 
 def upgrade_payload(handler: Handler, payload: Any, version: int) -> Any:

@@ -11,15 +11,16 @@ import pytest
 from django.test import override_settings
 
 from django_pgjobs import job
-from django_pgjobs.redaction import (
-    REDACTED,
-    RedactingFilter,
-    Redactor,
-    compile_path,
-    redact_payload,
-    redactor_for,
-    scrub_text,
-)
+from django_pgjobs.redaction import REDACTED, RedactingFilter, Redactor, compile_path
+from django_pgjobs.registry import redactor_for
+
+
+def redact_payload(payload: Any, *, task: str | None = None) -> Any:
+    return redactor_for(task).payload(payload)
+
+
+def scrub_text(text: str, *, payload: Any = None, task: str | None = None) -> str:
+    return redactor_for(task).text(text, payload)
 
 
 @job("tests.redaction.signup", redact=("customer.email", "items[*].pan", "notes[1]"))
@@ -48,9 +49,16 @@ def test_secret_keys_are_hidden_at_any_depth_whatever_their_case_and_separators(
     }
 
 
-def test_the_match_errs_toward_hiding() -> None:
-    assert Redactor(("card",)).payload({"discard_reason": "dup", "reason": "dup"}) == {
-        "discard_reason": REDACTED, "reason": "dup",
+def test_keys_match_whole_words_only() -> None:
+    redactor = Redactor(("card", "pass", "api_key", "session"))
+    assert redactor.payload({
+        "discard_reason": "dup", "passenger": "Ada", "cards": [1], "db_pass": "x",
+        "xApiKeyId": "k", "api": "v1", "sessionid": "s", "session_token": "t",
+        "HTTPCardHolder": "Ada", "key": "order:1",
+    }) == {
+        "discard_reason": "dup", "passenger": "Ada", "cards": REDACTED, "db_pass": REDACTED,
+        "xApiKeyId": REDACTED, "api": "v1", "sessionid": "s", "session_token": REDACTED,
+        "HTTPCardHolder": REDACTED, "key": "order:1",
     }
 
 
@@ -204,7 +212,41 @@ def test_the_logging_filter_scrubs_messages_and_tracebacks() -> None:
 def test_an_exception_class_name_is_not_taken_for_a_secret_key() -> None:
     redactor = Redactor(KEYS)
     assert redactor.text("CardError: card expired") == "CardError: card expired"
-    assert redactor.text("TokenExpired: password=hunter22") == (
-        f"TokenExpired: password={REDACTED}"
+    # Only names that look like exception classes are exempt before a colon.
+    assert redactor.text("TokenExpired: password=hunter22") == f"TokenExpired: {REDACTED}"
+    assert redactor.text("AuthTokenError: password=hunter22") == (
+        f"AuthTokenError: password={REDACTED}"
     )
     assert redactor.text("Authorization: Basic dXNlcg==") == f"Authorization: Basic {REDACTED}"
+
+
+def test_camel_case_secret_keys_before_a_colon_are_scrubbed() -> None:
+    text = "upstream said apiKey: k-1 accessToken: t-2 clientSecret: s-3 userId: 7"
+    assert redactor_for(None).text(text) == (
+        f"upstream said apiKey: {REDACTED} accessToken: {REDACTED} clientSecret: {REDACTED} "
+        "userId: 7"
+    )
+
+
+def test_passwords_in_urls_and_dsns_are_scrubbed() -> None:
+    text = ("could not connect to postgres://app:s3cr3t-pw@db.internal:5432/main; "
+            "fetching https://ada:hunter22@example.com/x and redis://:only-pw@cache:6379/0; "
+            "http://example.com/a@b stays")
+    assert redactor_for(None).text(text) == (
+        f"could not connect to postgres://app:{REDACTED}@db.internal:5432/main; "
+        f"fetching https://ada:{REDACTED}@example.com/x and redis://:{REDACTED}@cache:6379/0; "
+        "http://example.com/a@b stays"
+    )
+
+
+@pytest.mark.parametrize("key", ["pwd", "db_pass", "passphrase", "credentials", "jwt",
+                                 "private_key", "cookie", "session", "userPassword",
+                                 "X-Session-Id", "awsCredentials", "SSH_PRIVATE_KEY"])
+def test_the_default_keys_hide_common_secret_names(key: str) -> None:
+    assert redactor_for(None).payload({key: "v"}) == {key: REDACTED}
+
+
+@pytest.mark.parametrize("key", ["passenger", "compass", "discard_reason", "author", "keys",
+                                 "tokenizer_name", "cardinality"])
+def test_the_default_keys_leave_words_that_merely_contain_them(key: str) -> None:
+    assert redactor_for(None).payload({key: "v"}) == {key: "v"}
