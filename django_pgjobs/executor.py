@@ -11,7 +11,7 @@ from typing import Any
 from .conf import settings
 from .context import ClaimedJob, JobContext
 from .exceptions import Snooze
-from .registry import registry, upgrade_payload
+from .registry import redactor_for, registry, upgrade_payload
 from .retry import classify, decide
 from .status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
 from .transitions import Outcome
@@ -31,7 +31,7 @@ def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
     started = time.monotonic()
     if job.deadline is not None and claimed_db_time(job) >= job.deadline:
         return _dead(job, TerminalReason.DEADLINE_PASSED, "deadline passed before the job ran")
-    handler = registry.get(job.task)
+    handler = registry.resolve(job.task)
     if handler is None:
         return _failed(job, started, FailureClass.UNKNOWN_TASK,
                        f"no handler registered for task {job.task!r} in this worker", "")
@@ -50,22 +50,31 @@ def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
     except Snooze as snooze:
         return _snoozed(job, started, snooze.seconds)
     except BaseException as exc:  # a handler's failure is data, never the worker's crash
-        tb = "".join(traceback.format_exception(exc))[-TRACEBACK_MAX_CHARS:]
+        tb = "".join(traceback.format_exception(exc))
         failure_class, hint = classify(
             exc, retry_on=handler.retry_on, permanent_on=handler.permanent_on
         )
         return _failed(job, started, failure_class, _describe(exc), tb, hint)
     try:
-        result_json = json.dumps(result, allow_nan=False)
+        result_json = json.dumps(result, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:
         # The side effects already happened and a retry would fail the same way.
         return _failed(job, started, FailureClass.PERMANENT,
                        f"handler returned a value that is not JSON: {_describe(exc)}", "")
-    if _holds_nul(result):
-        # Valid JSON that jsonb refuses: it would fail the settlement of the worker's whole batch.
+    # Valid JSON that jsonb refuses would fail the settlement of the worker's whole batch, or be
+    # stored as no result at all: say why instead.
+    if "\\u0000" in result_json and _holds_nul(result):
         return _failed(job, started, FailureClass.PERMANENT,
                        "handler returned a value with a NUL character, which PostgreSQL cannot "
                        "store", "")
+    if not result_json.isascii():
+        try:
+            result_json.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return _failed(job, started, FailureClass.PERMANENT,
+                           "handler returned a value with a lone surrogate "
+                           f"({result_json[exc.start]!r}), which is not UTF-8 and which "
+                           "PostgreSQL cannot store", "")
     return Outcome(
         job.id, job.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
         terminal_reason=TerminalReason.SUCCEEDED, result_json=result_json,
@@ -91,7 +100,8 @@ def _failed(
         AttemptOutcome.DEAD if decision.status == JobStatus.DEAD else AttemptOutcome.FAILED,
         delay_seconds=decision.delay_seconds, attempts_delta=decision.attempts_delta,
         failure_class=failure_class.value, terminal_reason=decision.terminal_reason,
-        error=_storable(error)[:ERROR_MAX_CHARS], traceback=_storable(tb),
+        error=_stored_text(job, error, ERROR_MAX_CHARS, keep_end=False),
+        traceback=_stored_text(job, tb, TRACEBACK_MAX_CHARS, keep_end=True),
         duration_ms=_ms(started), task=job.task,
         attempt=job.attempt, trace_id=job.trace_id,
     )
@@ -135,9 +145,26 @@ def _describe(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
+def _stored_text(job: ClaimedJob, text: str, limit: int, *, keep_end: bool) -> str:
+    """``text`` as stored: scrubbed of the job's secrets first, then cut to ``limit``.
+
+    Scrubbing before the cut matters: a secret straddling the cut would otherwise survive as a
+    fragment that no longer matches the value it is part of.
+    """
+    if not text:
+        return text
+    text = _storable(redactor_for(job.task).text(text, job.payload))
+    if len(text) <= limit:
+        return text
+    return text[-limit:] if keep_end else text[:limit]
+
+
 def _storable(text: str) -> str:
-    """``text`` with NUL characters spelled out: PostgreSQL text cannot hold them."""
-    return text.replace("\x00", "\\x00")
+    """``text`` as PostgreSQL text can hold it: NUL and lone surrogates spelled out."""
+    text = text.replace("\x00", "\\x00")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _holds_nul(value: Any) -> bool:

@@ -28,6 +28,7 @@ from .transitions import (
     ready_queues,
     rescue_expired_leases,
 )
+from .validation import escape_control
 
 logger = logging.getLogger("django_pgjobs.maintenance")
 
@@ -82,8 +83,9 @@ def rescue_expired(using: str = DEFAULT_DB_ALIAS) -> int:
     for outcome in rescued:
         logger.warning(
             "job.lease_expired id=%s task=%s attempt=%s trace=%s next=%s reason=%s",
-            outcome.job_id, outcome.task, outcome.attempt, outcome.trace_id or "-",
-            outcome.status.value, outcome.terminal_reason or "-",
+            outcome.job_id, outcome.task, outcome.attempt,
+            escape_control(outcome.trace_id) or "-", outcome.status.value,
+            outcome.terminal_reason or "-",
             extra={"pgjobs": {"job_id": outcome.job_id, "outcome": "lease_expired"}},
         )
     return len(rescued)

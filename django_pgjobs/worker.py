@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
 
+import psycopg
 from django.db import (
     DEFAULT_DB_ALIAS,
     DatabaseError,
@@ -43,6 +44,7 @@ from .notify import Listener
 from .registry import registry
 from .status import AttemptOutcome
 from .transitions import Outcome, claim_jobs, promote_due_jobs, ready_queues, settle
+from .validation import escape_control, queue_problem, whole_number_problem
 
 logger = logging.getLogger("django_pgjobs.worker")
 
@@ -50,6 +52,9 @@ _QUEUE_REFRESH_SECONDS = 1.0
 _RECONNECT_MAX_SECONDS = 5.0
 # The exit status of a --burst worker that gave up on a database it could not reach.
 EXIT_DATABASE_UNREACHABLE = 3
+# Each executor holds a database connection; a claim of a batch holds its rows' locks.
+MAX_CONCURRENCY = 100
+MAX_BATCH_SIZE = 1000
 # How long an idle settler sleeps when nothing wakes it (new outcomes and due heartbeats do).
 _SETTLER_IDLE_SECONDS = 1.0
 
@@ -120,6 +125,21 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     """An error as one line of at most ``limit`` characters (drivers' messages span several)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def database_error_text(exc: BaseException) -> str:
+    """A database error as one line, without the DETAIL and CONTEXT parts of the server's report.
+
+    Those parts quote the data that failed (a jsonb cast's CONTEXT echoes the JSON, results and
+    all), which must not reach a log; the primary message and SQLSTATE say what went wrong.
+    """
+    cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
+    diag = getattr(cause, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    if primary:
+        sqlstate = getattr(cause, "sqlstate", None)
+        return one_line(Exception(f"{primary} (SQLSTATE {sqlstate})" if sqlstate else primary))
+    return one_line(exc)
 
 
 class Outage:
@@ -250,7 +270,8 @@ class Settler(threading.Thread):
                 backoff = 0.1
             except DatabaseError as exc:
                 self.worker.counters.add_database_error()
-                logger.warning("settler: database error, will retry: %s", exc)
+                logger.warning("settler: database error, will retry: %s",
+                               database_error_text(exc))
                 reset_connection(self.worker.using)
                 with self._cond:
                     self._pending[:0] = batch
@@ -280,7 +301,7 @@ class Settler(threading.Thread):
         self, batch: Sequence[Outcome], exc: DatabaseError
     ) -> dict[uuid.UUID, bool]:
         logger.error("settler: %d outcomes could not be stored together (%s); settling them "
-                     "one at a time", len(batch), exc)
+                     "one at a time", len(batch), database_error_text(exc))
         won: dict[uuid.UUID, bool] = {}
         for outcome in batch:
             for attempt in (outcome, _stripped(outcome)):
@@ -288,7 +309,8 @@ class Settler(threading.Thread):
                     won.update(settle([attempt], using=self.worker.using))
                     break
                 except (DataError, IntegrityError, ProgrammingError) as error:
-                    logger.error("settler: job %s: report not stored: %s", outcome.job_id, error)
+                    logger.error("settler: job %s: report not stored: %s", outcome.job_id,
+                                 database_error_text(error))
             else:
                 logger.error("settler: job %s: giving up on its report; its lease will expire "
                              "and the rescue step will retry it", outcome.job_id)
@@ -357,14 +379,18 @@ class Worker:
         queue_weights: Mapping[str, int] | None = None,
         listen: bool | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
-        if max_jobs is not None and max_jobs < 1:
-            raise ValueError("max_jobs must be at least 1")
+        for name, value, high in (("concurrency", concurrency, MAX_CONCURRENCY),
+                                  ("batch_size", batch_size, MAX_BATCH_SIZE),
+                                  ("max_jobs", 1 if max_jobs is None else max_jobs, 2**62)):
+            problem = whole_number_problem(value, 1, high)
+            if problem is not None:
+                raise ValueError(f"{name} {problem}")
         if queue_weights and not queues:
             queues = list(queue_weights)
+        for queue in queues or ():
+            problem = queue_problem(queue)
+            if problem is not None:
+                raise ValueError(f"queue {problem}")
         self.queues = list(dict.fromkeys(queues)) if queues else None
         self.queue_weights = _check_weights(queue_weights or {}, self.queues)
         # The turns an explicit queue list takes; a queue without a weight has weight 1.
@@ -521,7 +547,8 @@ class Worker:
             changed = step.run(self.using)
         except DatabaseError as exc:
             self.counters.add_database_error()
-            logger.warning("maintenance %s: database error: %s", step.name, exc)
+            logger.warning("maintenance %s: database error: %s", step.name,
+                           database_error_text(exc))
             reset_connection(self.using)
             return 0
         if changed and step.name == "promote":
@@ -614,8 +641,8 @@ class Worker:
                     for job in jobs:
                         logger.debug(
                             "job.claimed id=%s task=%s attempt=%s worker=%s trace=%s queue=%s",
-                            job.id, job.task, job.attempt, self.worker_id, job.trace_id or "-",
-                            job.queue,
+                            job.id, job.task, job.attempt, self.worker_id,
+                            escape_control(job.trace_id) or "-", job.queue,
                             extra={"pgjobs": {"job_id": job.id, "task": job.task,
                                               "attempt": job.attempt, "worker": self.worker_id,
                                               "trace_id": job.trace_id, "outcome": "claimed"}},
@@ -642,7 +669,7 @@ class Worker:
                     # start work that may outlive the lease.
                     self._settler.put(Outcome.release(job, "lease too short to start"))
                     continue
-                handler = registry.get(job.task)
+                handler = registry.resolve(job.task)
                 slot.job, slot.heartbeat = job, bool(handler and handler.heartbeat)
                 if slot.heartbeat:
                     # A declared-long job holds this executor for longer than the others'
@@ -779,7 +806,8 @@ class Worker:
             "job.%s id=%s task=%s attempt=%s worker=%s trace=%s status=%s class=%s "
             "duration_ms=%s",
             fields["outcome"], outcome.job_id, outcome.task, outcome.attempt, self.worker_id,
-            outcome.trace_id or "-", fields["status"] or f"unchanged(reported {reported})",
+            escape_control(outcome.trace_id) or "-",
+            fields["status"] or f"unchanged(reported {reported})",
             outcome.failure_class or "-", outcome.duration_ms,
             extra={"pgjobs": fields},
         )

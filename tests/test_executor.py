@@ -7,7 +7,7 @@ from django.utils import timezone
 
 import django_pgjobs
 from django_pgjobs.context import JobContext
-from django_pgjobs.executor import execute
+from django_pgjobs.executor import ERROR_MAX_CHARS, execute
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
 from django_pgjobs.transitions import claim_jobs, settle
@@ -138,3 +138,32 @@ def test_a_job_past_its_deadline_is_not_run() -> None:
     job = Job.objects.get(pk=claimed.id)
     assert (job.status, job.terminal_reason) == (JobStatus.DEAD, TerminalReason.DEADLINE_PASSED)
     assert events == []
+
+
+@django_pgjobs.job("tests.executor.surrogate_result")
+def surrogate_result(ctx, payload):
+    return {"name": "bad \udcff byte"}
+
+
+@django_pgjobs.job("tests.executor.leaky", max_attempts=1)
+def leaky(ctx, payload):
+    # The secret straddles the error's cut: only scrubbing before cutting hides all of it.
+    padding = "x" * (ERROR_MAX_CHARS - len("ValueError: ") - 11)  # the cut falls in the key
+    raise ValueError(f"{padding} {payload['api_key']} and postgres://app:pw-123456@db/x")
+
+
+def test_a_result_postgresql_cannot_store_is_a_classified_failure_that_says_why() -> None:
+    job, attempt = run_one("tests.executor.surrogate_result", {})
+    assert (job.status, job.failure_class, job.terminal_reason) == (
+        JobStatus.DEAD, FailureClass.PERMANENT, TerminalReason.PERMANENT_ERROR)
+    assert job.result is None
+    assert attempt.error.startswith("handler returned a value with a lone surrogate ('\\udcff')")
+
+
+def test_errors_are_scrubbed_before_they_are_cut() -> None:
+    job, attempt = run_one("tests.executor.leaky", {"api_key": "sk_live_ABCDEFGHIJ"})
+    assert len(attempt.error) <= ERROR_MAX_CHARS
+    for stored in (attempt.error, attempt.traceback, job.last_error):
+        assert "sk_live" not in stored and "ABCDEF" not in stored
+        assert "pw-123456" not in stored
+    assert "postgres://app:[redacted]@db/x" in attempt.traceback

@@ -292,3 +292,35 @@ def test_while_the_database_is_unreachable_claimed_jobs_are_released_not_run() -
     for job in rest:
         assert outcomes_of(job.pk) == [AttemptOutcome.RELEASED, AttemptOutcome.SUCCEEDED]
         assert Job.objects.get(pk=job.pk).attempts == 1
+
+
+def test_a_control_character_in_a_stored_trace_id_cannot_forge_a_log_line(caplog) -> None:
+    job = django_pgjobs.enqueue("tests.ok", {})
+    # Enqueue refuses it now; a row written by an older release or by hand may still hold one.
+    Job.objects.filter(pk=job.pk).update(trace_id="t1\n2026-01-01 INFO job.succeeded id=999")
+    caplog.set_level("DEBUG", logger="django_pgjobs")
+    Worker(burst=True, install_signals=False, poll_interval=0.05).run()
+    lines = [r.getMessage() for r in caplog.records if f"id={job.pk} " in r.getMessage()]
+    assert lines, caplog.text
+    for line in lines:
+        assert "\n" not in line
+        assert "trace=t1\\n2026-01-01 INFO job.succeeded id=999" in line
+
+
+def test_the_settler_logs_a_database_error_without_the_data_it_quotes(caplog) -> None:
+    from django_pgjobs.transitions import Outcome, claim_jobs
+
+    django_pgjobs.enqueue("tests.ok", {})
+    [claimed] = claim_jobs("w-ctx", "default", 1)
+    # A report PostgreSQL refuses: the server's DETAIL and CONTEXT quote the offending JSON.
+    broken = Outcome(claimed.id, claimed.lease_token, JobStatus.SUCCEEDED,
+                     AttemptOutcome.SUCCEEDED, terminal_reason="succeeded",
+                     result_json='{"password": "hunter22", "x": tru}')
+    worker = Worker(install_signals=False)
+    caplog.set_level("WARNING", logger="django_pgjobs")
+    worker._settler._flush([broken])
+    assert "could not be stored together" in caplog.text
+    assert "invalid input syntax for type json (SQLSTATE 22P02)" in caplog.text
+    assert "hunter22" not in caplog.text and "CONTEXT" not in caplog.text
+    # The report was stored without its result, and the job settled.
+    assert Job.objects.get(pk=claimed.id).status == JobStatus.SUCCEEDED
