@@ -16,11 +16,17 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import EmptyResultSet, PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections, transaction
 from django.db.models import Count, Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    JsonResponse,
+)
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -30,8 +36,7 @@ from django.utils.html import format_html, format_html_join
 from . import sql, transitions
 from .conf import settings
 from .models import Attempt, IdempotencyReceipt, Job, OperatorAction
-from .redaction import redactor_for
-from .registry import registry
+from .registry import redactor_for, registry
 from .status import JobStatus
 
 # The most jobs one action may touch: their ids travel in the confirmation page.
@@ -100,7 +105,10 @@ class EstimatedCountPaginator(Paginator):
 
 def planner_rows(queryset: QuerySet[Any]) -> int:
     """The number of rows the planner expects ``queryset`` to return (nothing is read)."""
-    select_sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    try:
+        select_sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    except EmptyResultSet:  # queryset.none(), a search that cannot match: no query to plan
+        return 0
     with connections[queryset.db].cursor() as cursor:
         cursor.execute(sql.query("planner_rows").replace("{query}", select_sql), params)
         row = cursor.fetchone()
@@ -301,10 +309,11 @@ def replay_plan(counts: dict[str, int], receipts: Sequence[IdempotencyReceipt]) 
 
 
 def _parse_ids(text: str) -> list[int]:
-    try:
-        return sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise PermissionDenied("malformed job ids") from None
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    ids = {exact_id(part) for part in parts}
+    if None in ids:
+        raise PermissionDenied("malformed job ids")
+    return sorted(i for i in ids if i is not None)
 
 
 def _status_counts(ids: Sequence[int]) -> dict[str, int]:
@@ -367,12 +376,49 @@ def attempt_error_html(attempt: Attempt, job: Job) -> str:
     )
 
 
+def searchable(term: str) -> bool:
+    """Whether a search term can be sent as a parameter at all (PostgreSQL text has no NUL)."""
+    return "\x00" not in term
+
+
+def exact_id(term: str) -> int | None:
+    """``term`` as a primary key, or None when it is not one (``"²"`` is a digit but no id)."""
+    if term.isascii() and term.isdigit() and int(term) < 2**63:
+        return int(term)
+    return None
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Visible with the view permission; nothing can be added, changed or deleted here."""
+    """Visible with the view permission; nothing can be added, changed or deleted here.
+
+    The list accepts only the query-string lookups its own filters produce. Django's default
+    lets any viewer filter on any field (``?payload__password__startswith=P``), which would read
+    redacted values one character at a time and scan the whole history; anything else is
+    refused with 400, the way Django refuses a disallowed lookup.
+    """
 
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     list_per_page = 50
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        return lookup in self.allowed_lookups(request)
+
+    def allowed_lookups(self, request: HttpRequest | None) -> set[str]:
+        """The query-string parameters this admin's list filters and date hierarchy use."""
+        allowed: set[str] = set()
+        filters = self.get_list_filter(request) if request is not None else self.list_filter
+        for item in filters:
+            if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
+                allowed.add(str(item.parameter_name))
+                continue
+            name = item[0] if isinstance(item, list | tuple) else item
+            # A field's list filter (choices, boolean, all values) says field__exact and
+            # field__isnull; nothing more.
+            allowed |= {f"{name}__exact", f"{name}__isnull"}
+        if self.date_hierarchy:
+            allowed |= {f"{self.date_hierarchy}__{part}" for part in ("year", "month", "day")}
+        return allowed
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -457,14 +503,17 @@ class JobAdmin(ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
+        if not searchable(term):
+            return queryset.none(), False
         # Exact matches only, each answered by an index: the primary key, the trace index, and
         # the idempotency-key index probed once per task.
         with connections[queryset.db].cursor() as cursor:
             cursor.execute(sql.query("jobs_by_idempotency_key"), [term])
             keyed = [row[0] for row in cursor.fetchall()]
         condition = Q(trace_id=term) | Q(pk__in=keyed)
-        if term.isdigit() and int(term) < 2**63:
-            condition |= Q(pk=int(term))
+        job_id = exact_id(term)
+        if job_id is not None:
+            condition |= Q(pk=job_id)
         return queryset.filter(condition), False
 
     def changelist_view(
@@ -529,18 +578,26 @@ class JobAdmin(ReadOnlyAdmin):
         ]
 
     def raw_payload_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """Show one job's unredacted payload and result; the look is audited."""
+        """Show one job's unredacted payload and result; the look is audited.
+
+        A GET (or HEAD) only asks; the payload is shown on the POST that answers, under the
+        CSRF check, so a link from elsewhere or a prefetch cannot write audit rows.
+        """
         if not self.has_raw_payload_permission(request):
             raise PermissionDenied
+        if request.method not in ("GET", "HEAD", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
         job = self.get_object(request, object_id)
         if job is None:
-            raise Http404(f"no job {object_id}")
-        transitions.record_raw_payload_view(job.pk, actor=_actor(request))
-        context = {
+            raise Http404("no such job")
+        context: dict[str, Any] = {
             **self.admin_site.each_context(request), "opts": self.opts, "job": job,
-            "title": f"Raw payload of job {job.pk}", "payload": _pretty(job.payload),
-            "result": None if job.result is None else _pretty(job.result),
+            "title": f"Raw payload of job {job.pk}", "revealed": request.method == "POST",
         }
+        if request.method == "POST":
+            transitions.record_raw_payload_view(job.pk, actor=_actor(request))
+            context["payload"] = _pretty(job.payload)
+            context["result"] = None if job.result is None else _pretty(job.result)
         return TemplateResponse(request, "admin/pgjobs/job/raw_payload.html", context)
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
@@ -601,7 +658,12 @@ class JobAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         confirming = request.POST.get("pgjobs_confirm") == "yes"
         if confirming:
-            ids = _parse_ids(request.POST.get("pgjobs_ids", ""))
+            # Ids of jobs that do not exist (pruned since the confirmation page, or forged) are
+            # dropped here, so the audit row names only jobs the action could have touched.
+            requested = _parse_ids(request.POST.get("pgjobs_ids", ""))[: ACTION_MAX_JOBS + 1]
+            ids = requested if len(requested) > ACTION_MAX_JOBS else list(
+                Job.objects.filter(pk__in=requested).order_by("id").values_list("id", flat=True)
+            )
         else:
             ids = list(queryset.order_by("id").values_list("id", flat=True)[: ACTION_MAX_JOBS + 1])
         if len(ids) > ACTION_MAX_JOBS:
@@ -718,9 +780,10 @@ class AttemptAdmin(ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if not term.isdigit() or int(term) >= 2**63:
+        job_id = exact_id(term)
+        if job_id is None:
             return queryset.none(), False
-        return queryset.filter(job_id=int(term)), False
+        return queryset.filter(job_id=job_id), False
 
 
 @admin.register(IdempotencyReceipt)
@@ -740,9 +803,12 @@ class IdempotencyReceiptAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, queryset: QuerySet[IdempotencyReceipt], search_term: str
     ) -> tuple[QuerySet[IdempotencyReceipt], bool]:
         # scope:key answers from the unique index; a bare key would read the whole table.
-        scope, sep, key = search_term.strip().partition(":")
-        if not sep:
-            return (queryset.none() if search_term.strip() else queryset), False
+        term = search_term.strip()
+        scope, sep, key = term.partition(":")
+        if not term:
+            return queryset, False
+        if not sep or not searchable(term):
+            return queryset.none(), False
         return queryset.filter(scope=scope, key=key), False
 
 

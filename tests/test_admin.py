@@ -379,11 +379,31 @@ def test_the_raw_payload_needs_its_permission_and_each_look_is_audited(login: An
 
     auditor = login("view_job", "view_raw_payload", username="auditor")
     assert "Show raw payload" in auditor.get(f"{CHANGELIST}{j.pk}/change/").content.decode()
-    page = auditor.get(raw_url)
+    # Following the link only asks: nothing is shown and nothing is audited until the POST.
+    asking = auditor.get(raw_url)
+    assert asking.status_code == 200
+    assert SECRET_CARD not in asking.content.decode()
+    assert 'id="pgjobs-reveal-form"' in asking.content.decode()
+    assert auditor.head(raw_url).status_code == 200
+    assert OperatorAction.objects.count() == 0
+    page = auditor.post(raw_url)
     assert page.status_code == 200 and SECRET_CARD in page.content.decode()
     audit = OperatorAction.objects.get()
     assert (audit.action, audit.actor_name, audit.job_ids, audit.changed) == (
         "view_raw_payload", "auditor", [j.pk], 0)
+
+
+def test_revealing_the_raw_payload_needs_the_csrf_token(login: Any) -> None:
+    j = JobFactory(task="tests.admin.charge", payload=secret_payload())
+    raw_url = f"{CHANGELIST}{j.pk}/raw-payload/"
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(make_user("auditor", "view_job", "view_raw_payload"))
+    # A cross-site form posting to the page carries no token: refused, nothing audited.
+    refused = strict.post(raw_url)
+    assert refused.status_code == 403 and SECRET_CARD not in refused.content.decode()
+    token = strict.get(raw_url).context["csrf_token"]
+    assert SECRET_CARD in strict.post(raw_url, {"csrfmiddlewaretoken": str(token)}).content.decode()
+    assert OperatorAction.objects.filter(action="view_raw_payload").count() == 1
 
 
 def test_export_is_redacted_like_the_list(login: Any) -> None:
@@ -614,3 +634,115 @@ def test_retried_jobs_wake_listening_workers_when_the_action_commits(
     notes = list(other_connection.connection.notifies(timeout=5, stop_after=1))
     assert [(n.channel, n.payload) for n in notes] == [("pgjobs", "mail")]
     assert status(dead) == JobStatus.READY
+
+
+# --- the query string ---------------------------------------------------------------------------
+
+
+def secrets_everywhere() -> dict[str, Any]:
+    """A job, an attempt, a receipt and an audit row, each holding the password 'Pa55word!'."""
+    j = JobFactory(task="tests.admin.charge", payload={"order": 1, "password": "Pa55word!"},
+                   dead=True, last_error="login failed for Pa55word!")
+    attempt = AttemptFactory(job=j, error="bad password Pa55word!",
+                             traceback="Traceback: password Pa55word!")
+    receipt = ReceiptFactory(result={"password": "Pa55word!"}, job=j)
+    OperatorAction.objects.create(actor_name="x", action="retry", job_ids=[j.pk],
+                                  detail={"note": "Pa55word!"})
+    return {"job": j, "attempt": attempt, "receipt": receipt}
+
+
+ORACLES = [
+    ("job", "payload__password__startswith", "Pa5", "Zz"),
+    ("job", "payload__password", '"Pa55word!"', '"nope"'),
+    ("job", "payload__icontains", "pa55", "zz"),
+    ("job", "last_error__contains", "Pa55", "Zz"),
+    ("job", "idempotency_key__startswith", "a", "z"),
+    ("attempt", "error__contains", "Pa55", "Zz"),
+    ("attempt", "traceback__contains", "Pa55", "Zz"),
+    ("attempt", "job__payload__password__startswith", "P", "Z"),
+    ("idempotencyreceipt", "result__password__startswith", "Pa5", "Zz"),
+    ("operatoraction", "detail__note__startswith", "Pa5", "Zz"),
+]
+
+
+@pytest.mark.parametrize(("model", "lookup", "right", "wrong"), ORACLES)
+def test_a_viewer_cannot_read_redacted_values_through_query_string_lookups(
+    login: Any, model: str, lookup: str, right: str, wrong: str
+) -> None:
+    secrets_everywhere()
+    client = login("view_job", "view_attempt", "view_idempotencyreceipt", "view_operatoraction")
+    url = f"/admin/pgjobs/{model}/"
+    # Refused the way Django refuses a disallowed lookup, whether the guess is right or wrong:
+    # the answer says nothing about the value.
+    answers = [client.get(url, {lookup: guess}) for guess in (right, wrong)]
+    assert [a.status_code for a in answers] == [400, 400]
+    assert answers[0].content == answers[1].content
+    assert b"Pa55word!" not in answers[0].content
+
+
+@pytest.mark.parametrize(("model", "params"), [
+    ("job", {"status__exact": "dead"}), ("job", {"failure_class__exact": ""}),
+    ("job", {"queue": "default"}), ("job", {"task": "tests.admin.charge"}),
+    ("job", {"status__exact": "dead", "q": "1", "o": "1", "p": "1"}),
+    ("attempt", {"outcome__exact": "running"}), ("attempt", {"failure_class__exact": ""}),
+    ("operatoraction", {"action__exact": "retry"}),
+])
+def test_the_lists_own_filters_still_work(login: Any, model: str, params: dict[str, str]) -> None:
+    secrets_everywhere()
+    client = login("view_job", "view_attempt", "view_operatoraction")
+    response = client.get(f"/admin/pgjobs/{model}/", params)
+    assert response.status_code == 200
+    assert response.context["cl"].result_count >= 0
+
+
+def test_the_job_filters_select_the_right_rows(login: Any) -> None:
+    made = secrets_everywhere()
+    JobFactory(status=JobStatus.READY)
+    client = login("view_job")
+    dead = client.get(CHANGELIST, {"status__exact": "dead"}).context["cl"].result_list
+    assert [j.pk for j in dead] == [made["job"].pk]
+
+
+@pytest.mark.parametrize(("url", "expected", "rows"), [
+    ("/admin/pgjobs/attempt/?q=x", 200, 0),
+    ("/admin/pgjobs/attempt/?q=%C2%B2", 200, 0),
+    ("/admin/pgjobs/idempotencyreceipt/?q=abc", 200, 0),
+    (f"{CHANGELIST}?q=%C2%B2", 200, 0),
+    (f"{CHANGELIST}?q=99999999999999999999999999", 200, 0),
+    # Django's search form refuses a NUL and shows the unfiltered list.
+    ("/admin/pgjobs/idempotencyreceipt/?q=a%00b:c", 200, 1),
+    (f"{CHANGELIST}?q=%00", 200, 1),
+    (f"{CHANGELIST}?id=9999999999999999999999999", 400, None),
+    ("/admin/pgjobs/attempt/?id=9999999999999999999999999", 400, None),
+    ("/admin/pgjobs/idempotencyreceipt/?id=9999999999999999999999999", 400, None),
+    ("/admin/pgjobs/operatoraction/?id=9999999999999999999999999", 400, None),
+])
+def test_odd_query_strings_answer_empty_or_400_never_500(
+    login: Any, url: str, expected: int, rows: int | None
+) -> None:
+    secrets_everywhere()
+    client = login("view_job", "view_attempt", "view_idempotencyreceipt", "view_operatoraction")
+    response = client.get(url)
+    assert response.status_code == expected
+    if rows is not None:
+        assert response.context["cl"].result_count == rows
+
+
+def test_a_confirming_post_for_jobs_that_do_not_exist_writes_no_audit_row(login: Any) -> None:
+    client = login(superuser=True)
+    j = JobFactory(dead=True)
+    response = client.post(CHANGELIST, {
+        "action": "retry_selected", "_selected_action": j.pk, "pgjobs_confirm": "yes",
+        "pgjobs_ids": "987654321,987654322",
+    }, follow=True)
+    assert response.status_code == 200
+    assert "No job selected" in response.content.decode()
+    assert OperatorAction.objects.count() == 0
+    # The jobs that exist are kept, the rest dropped from the audit row.
+    confirm_action(client, "retry_selected", [j], reason="")
+    client.post(CHANGELIST, {
+        "action": "retry_selected", "_selected_action": j.pk, "pgjobs_confirm": "yes",
+        "pgjobs_ids": f"{j.pk},987654321",
+    })
+    audits = list(OperatorAction.objects.order_by("id").values_list("job_ids", flat=True))
+    assert audits == [[j.pk], [j.pk]]
