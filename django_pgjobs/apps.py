@@ -1,3 +1,5 @@
+import contextlib
+
 from django.apps import AppConfig
 
 
@@ -15,3 +17,7 @@ class PgJobsConfig(AppConfig):
 
         for module in settings.HANDLER_MODULES:
             autodiscover_modules(module)
+        # The django.tasks integration resolves the names of @task functions for workers; without
+        # Django 6 or the django-tasks backport there is no @task to run.
+        with contextlib.suppress(ImportError):
+            from . import backend  # noqa: F401

@@ -3,7 +3,7 @@
 ``TASKS = {"default": {"BACKEND": "django_pgjobs.backend.PgJobsBackend"}}``. Enqueueing a
 ``@task`` inserts a job named ``django.tasks:<module path>`` in the caller's transaction, its
 arguments as the payload. A worker resolves that name to the task function on first use
-(``registry.get``), so a ``@task`` runs under ``pgjobs_worker`` unchanged, with leases, retries,
+(``registry.resolve``), so a ``@task`` runs under ``pgjobs_worker`` unchanged, with leases, retries,
 the admin and the metrics of any other job. ``get_result`` reads the job and its attempts back
 with Django's meanings. Works with Django 6's ``django.tasks`` and with the ``django-tasks``
 backport on Django 5.2.
@@ -11,9 +11,11 @@ backport on Django 5.2.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import re
+import sys
 import traceback
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -30,8 +32,10 @@ from django.utils.module_loading import import_string
 from . import sql
 from .conf import settings
 from .exceptions import EnqueueError, InvalidJobOption, Permanent
-from .registry import DJANGO_TASK_PREFIX, Handler, registry
+from .redaction import Redactor
+from .registry import DJANGO_TASK_PREFIX, Handler, redactor_for, registry
 from .status import AttemptOutcome, JobStatus
+from .validation import TASK_NAME, queue_problem
 
 if TYPE_CHECKING:
     from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
@@ -77,8 +81,11 @@ _STATUS = {
 }
 _FAILED_OUTCOMES = {AttemptOutcome.FAILED, AttemptOutcome.DEAD, AttemptOutcome.LEASE_EXPIRED}
 _CLASS_PATH = re.compile(r"^[A-Za-z_][\w.]*$")
-_TASK_NAME = re.compile(r"^[A-Za-z_][\w.:-]{0,199}$")
 _MAX_RESULT_ID = 2**63 - 1
+
+
+class InvalidTaskOption(InvalidTask, InvalidJobOption):
+    """A task refused by django-pgjobs' rules: Django's ``InvalidTask`` and our ``EnqueueError``."""
 
 
 class PgJobsBackend(BaseTaskBackend):
@@ -97,14 +104,14 @@ class PgJobsBackend(BaseTaskBackend):
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
         name = task_name(task)
-        if not _TASK_NAME.match(name):
-            raise InvalidTask(
+        if TASK_NAME.fullmatch(name) is None:
+            raise InvalidTaskOption(
                 f"Task module path {task.module_path!r} is too long for a job name "
                 f"(at most {200 - len(DJANGO_TASK_PREFIX)} characters)."
             )
         problem = _queue_problem(task.queue_name)
         if problem:
-            raise InvalidTask(problem)
+            raise InvalidTaskOption(problem)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Insert the task as a job in the caller's transaction and return its result."""
@@ -112,9 +119,10 @@ class PgJobsBackend(BaseTaskBackend):
 
         self.validate_task(task)
         args, kwargs = normalize_json(args), normalize_json(kwargs)
-        handler = registry.get(task_name(task))
+        # The task's module is imported (we hold the Task): nothing new is imported here.
+        handler = registry.resolve(task_name(task), may_import=False)
         if handler is None:
-            raise InvalidTask(
+            raise InvalidTaskOption(
                 f"Task {task.module_path!r} cannot be imported by its module path, so no "
                 "worker could run it."
             )
@@ -125,7 +133,7 @@ class PgJobsBackend(BaseTaskBackend):
                 using=self.using, **self.job_options(task.queue_name),
             )
         except InvalidJobOption as exc:
-            raise InvalidTask(str(exc)) from exc
+            raise InvalidTaskOption(str(exc)) from exc
         result: TaskResult[..., Any] = TaskResult(
             task=task, id=str(job.pk), status=TaskResultStatus.READY,
             enqueued_at=job.created_at, started_at=None, finished_at=None,
@@ -223,11 +231,12 @@ def option_problems(options: dict[str, Any]) -> list[str]:
 
 
 def _queue_problem(queue: str) -> str | None:
-    if not queue or len(queue) > 64:
-        return f"Queue '{queue}' is not valid for backend: a queue name has 1 to 64 characters."
+    problem = queue_problem(queue)
+    if problem is not None:
+        return f"Queue {queue!r} is not valid for backend: the queue {problem}."
     declared = settings.QUEUES
     if declared is not None and queue not in declared:
-        return f"Queue '{queue}' is not valid for backend: PGJOBS_QUEUES does not declare it."
+        return f"Queue {queue!r} is not valid for backend: PGJOBS_QUEUES does not declare it."
     return None
 
 
@@ -280,7 +289,7 @@ def _job_id(result_id: Any) -> int:
 
 
 def _to_result(job: _JobRow, attempts: list[_AttemptRow], default_backend: str) -> TaskResult:
-    task = _import_task(job.task)
+    task = _find_task(job.task, may_import=True)
     if task is None:
         raise TaskResultDoesNotExist(
             f"{job.id}: task {job.task[len(DJANGO_TASK_PREFIX):]!r} can no longer be imported"
@@ -350,19 +359,35 @@ def _exception_path(attempt: _AttemptRow) -> str:
 # --- the worker side -------------------------------------------------------------------------
 
 
-def _import_task(name: str) -> Task | None:
+class TaskFailed(Exception):
+    """What Django's ``task_finished`` receiver logs for a failed task: the scrubbed error.
+
+    Django logs the exception being handled when the signal is sent; sending it while this one
+    is handled (rather than the task's own, whose message and frames may quote secrets) keeps
+    the log line as redacted as the stored error.
+    """
+
+
+def _find_task(name: str, may_import: bool) -> Task | None:
+    """The ``Task`` that job name ``name`` names; import its module only if ``may_import``."""
     if not name.startswith(DJANGO_TASK_PREFIX):
         return None
-    try:
-        task = import_string(name[len(DJANGO_TASK_PREFIX):])
-    except ImportError:
-        return None
+    path = name[len(DJANGO_TASK_PREFIX):]
+    module_path, _, attribute = path.rpartition(".")
+    if may_import:
+        try:
+            task = import_string(path)
+        except ImportError:
+            return None
+    else:
+        module = sys.modules.get(module_path)
+        task = getattr(module, attribute, None) if module is not None else None
     return task if isinstance(task, Task) else None
 
 
-def resolve_handler(name: str) -> Handler | None:
+def resolve_handler(name: str, may_import: bool = True) -> Handler | None:
     """The handler that runs the django.tasks task ``name`` names, or None if it is not one."""
-    task = _import_task(name)
+    task = _find_task(name, may_import)
     if task is None:
         return None
     backend = _backend(task.backend)
@@ -370,10 +395,47 @@ def resolve_handler(name: str) -> Handler | None:
     heartbeat = options.get("heartbeat") is True
     lease = timedelta(seconds=options.get("lease_seconds", settings.LEASE_SECONDS))
     try:
-        return Handler(_runner(task), name=name, heartbeat=heartbeat,
-                       lease=lease if heartbeat else None)
+        return TaskHandler(task, heartbeat=heartbeat, lease=lease if heartbeat else None)
     except EnqueueError:
         return None
+
+
+class TaskHandler(Handler):
+    """The handler of a django.tasks ``Task``: runs it and redacts its arguments by name.
+
+    A task's payload is ``{"args": [...], "kwargs": {...}}``. Keyword arguments are hidden by
+    the key rule like any mapping key; a positional argument is hidden when the parameter it
+    binds to has a secret name, and ``@django_pgjobs.redact(...)`` paths name parameters.
+    """
+
+    def __init__(self, task: Task, **options: Any) -> None:
+        super().__init__(_runner(task), name=task_name(task), **options)
+        parameters = list(inspect.signature(task.func).parameters.values())
+        if task.takes_context:
+            parameters = parameters[1:]  # the context is not among the enqueued arguments
+        self.positional = tuple(p.name for p in parameters if p.kind in (
+            inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+        self.var_positional = next(
+            (p.name for p in parameters if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+        self.declared = tuple(getattr(task.func, "pgjobs_redact", ()))
+        self.redact_paths_for = self.argument_paths
+
+    def argument_paths(self, payload: Any, keys: tuple[str, ...]) -> list[str]:
+        """The paths that hide the secret arguments of this payload."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("args"), list):
+            return []
+        count = len(payload["args"])
+        names = Redactor(keys)
+        paths = [f"args[{i}]" for i, name in enumerate(self.positional[:count])
+                 if names.is_secret(name)]
+        if self.var_positional is not None and names.is_secret(self.var_positional):
+            paths += [f"args[{i}]" for i in range(len(self.positional), count)]
+        for path in self.declared:
+            paths.append(f"kwargs.{path}")
+            head, rest = re.match(r"([^.\[]*)(.*)", path).groups()  # type: ignore[union-attr]
+            if head in self.positional:
+                paths.append(f"args[{self.positional.index(head)}]{rest}")
+        return paths
 
 
 def _backend(alias: str) -> BaseTaskBackend | None:
@@ -404,16 +466,20 @@ def _runner(task: Task) -> Any:
                 # The task already ran; a retry would return the same thing.
                 raise Permanent(f"task returned a value that is not JSON: {exc}") from exc
         except BaseException as exc:
+            scrub = redactor_for(ctx.job.task)
             failed = replace(
                 running, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
                 errors=[*running.errors, TaskError(
                     exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                    traceback="".join(traceback.format_exception(exc)),
+                    traceback=scrub.text("".join(traceback.format_exception(exc)), payload),
                 )],
             )
-            # Sent inside the except, so Django's receiver logs the traceback; the worker then
-            # classifies the exception (retry or dead) as for any handler.
-            send_robust(task_finished, sender, failed)
+            summary = scrub.text(f"{type(exc).__qualname__}: {exc}", payload)
+            try:
+                raise TaskFailed(summary) from None
+            except TaskFailed:
+                send_robust(task_finished, sender, failed)
+            # The worker classifies the task's own exception (retry or dead), as for any job.
             raise
         finished = replace(running, status=TaskResultStatus.SUCCESSFUL,
                            finished_at=timezone.now())
@@ -440,4 +506,15 @@ def _signal_name(signal: Signal) -> str:
     return names.get(id(signal), "signal")
 
 
-__all__ = ["PgJobsBackend", "load_result", "option_problems", "resolve_handler", "task_name"]
+registry.add_resolver(DJANGO_TASK_PREFIX, resolve_handler)
+
+__all__ = [
+    "InvalidTaskOption",
+    "PgJobsBackend",
+    "TaskFailed",
+    "TaskHandler",
+    "load_result",
+    "option_problems",
+    "resolve_handler",
+    "task_name",
+]

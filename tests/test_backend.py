@@ -15,7 +15,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import django_pgjobs
-from django_pgjobs.backend import PgJobsBackend, option_problems, task_name
+from django_pgjobs.backend import PgJobsBackend, TaskFailed, option_problems, task_name
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import AttemptOutcome, JobStatus
 from django_pgjobs.worker import Worker
@@ -353,7 +353,7 @@ def test_check_reports_queues_pgjobs_does_not_accept() -> None:
                          "QUEUES": ["default", "x" * 65]}}
     found = errors_of(tasks, PGJOBS_QUEUES=["default"])
     assert [code for code, _ in found] == ["pgjobs.E104"]
-    assert "a queue name has 1 to 64 characters" in found[0][1]
+    assert "the queue must be a queue name (1 to 64 letters" in found[0][1]
 
 
 def test_check_reports_the_app_missing() -> None:
@@ -467,13 +467,132 @@ def test_signals_carry_djangos_meanings_and_a_raising_receiver_changes_nothing()
 
 
 @pytestmark_worker
-def test_task_finished_is_sent_inside_the_except_so_the_traceback_is_logged(caplog) -> None:
+def test_djangos_task_finished_log_carries_the_error_scrubbed(caplog) -> None:
     caplog.set_level("ERROR")
-    fail.enqueue("logged")
+    fail.enqueue("login refused for password=hunter22")
     Worker(burst=True, install_signals=False, poll_interval=0.05, max_jobs=1).run()
     records = [r for r in caplog.records if r.name in ("django.tasks", "django_tasks")]
     assert records and records[-1].exc_info is not None
-    assert records[-1].exc_info[0] is ValueError
+    # Django's receiver logs the exception being handled: the scrubbed summary, not the task's
+    # own exception with its message and frames.
+    assert records[-1].exc_info[0] is TaskFailed
+    assert str(records[-1].exc_info[1]) == "ValueError: login refused for password=[redacted]"
+    assert "hunter22" not in caplog.text
+
+
+@task()
+def login(username: str, password: str, *, otp: str = "") -> str:
+    raise ValueError(f"user {username} with {password} refused")
+
+
+@task()
+@django_pgjobs.redact("payment.number", "items[*].code")
+def pay(amount: int, payment: dict[str, Any], items: list[dict[str, Any]] | None = None) -> None:
+    raise ValueError(f"payment {payment['number']} declined")
+
+
+@task(takes_context=True)
+def with_secret_context(context: Any, secret: str, *extra_tokens: str) -> None:
+    return None
+
+
+@pytest.mark.django_db
+def test_positional_arguments_are_redacted_by_their_parameter_names() -> None:
+    from django_pgjobs.registry import redactor_for
+
+    result = login.enqueue("bob", "s3cret-pw", otp="123456")
+    job = Job.objects.get(pk=result.id)
+    assert job.payload["args"] == ["bob", "s3cret-pw"]  # stored as given
+    redactor = redactor_for(job.task)
+    assert redactor.payload(job.payload) == {
+        "args": ["bob", "[redacted]"], "kwargs": {"otp": "123456"}, "backend": "default",
+    }
+    # By keyword the same argument is hidden by the key rule.
+    keyword = Job.objects.get(pk=login.enqueue(username="bob", password="s3cret-pw").id)
+    assert redactor.payload(keyword.payload)["kwargs"] == {
+        "username": "bob", "password": "[redacted]",
+    }
+    # Error text loses the value, from either form.
+    assert "s3cret-pw" not in redactor.text("user bob with s3cret-pw refused", job.payload)
+
+
+@pytest.mark.django_db
+def test_declared_paths_of_a_task_name_parameters_by_position_or_keyword() -> None:
+    from django_pgjobs.registry import redactor_for
+
+    positional = pay.enqueue(10, {"number": "4111111111111111", "holder": "Ada"},
+                             [{"code": "X-123", "n": 1}])
+    keyword = pay.enqueue(amount=10, payment={"number": "4111111111111111", "holder": "Ada"},
+                          items=[{"code": "X-123", "n": 1}])
+    shown = [redactor_for(pay_job.task).payload(pay_job.payload)
+             for pay_job in Job.objects.filter(pk__in=[positional.id, keyword.id]).order_by("id")]
+    assert shown[0]["args"] == [10, {"number": "[redacted]", "holder": "Ada"},
+                                [{"code": "[redacted]", "n": 1}]]
+    assert shown[1]["kwargs"] == {"amount": 10,
+                                  "payment": {"number": "[redacted]", "holder": "Ada"},
+                                  "items": [{"code": "[redacted]", "n": 1}]}
+
+
+@pytest.mark.django_db
+def test_var_positional_and_context_parameters_are_bound_correctly() -> None:
+    from django_pgjobs.registry import redactor_for
+
+    job = Job.objects.get(pk=with_secret_context.enqueue("s3cret-one", "t1", "t2").id)
+    assert redactor_for(job.task).payload(job.payload)["args"] == ["[redacted]"] * 3
+
+
+def test_a_bad_redaction_path_on_a_task_is_refused_at_declaration() -> None:
+    with pytest.raises(django_pgjobs.InvalidJobOption, match="redaction path"):
+        django_pgjobs.redact("card..number")
+
+
+@pytestmark_worker
+def test_a_failing_tasks_positional_secret_is_scrubbed_from_the_stored_error(login_admin) -> None:
+    result = login.enqueue("bob", "s3cret-pw")
+    Worker(burst=True, install_signals=False, poll_interval=0.05, max_jobs=1).run()
+    attempt = Attempt.objects.get(job_id=result.id)
+    assert attempt.error == "ValueError: user bob with [redacted] refused"
+    assert "s3cret-pw" not in attempt.traceback
+    errors = login.get_result(result.id).errors
+    assert errors and "s3cret-pw" not in errors[-1].traceback
+    # Every admin page a viewer can open shows it redacted.
+    for url in (f"/admin/pgjobs/job/{result.id}/change/", "/admin/pgjobs/job/",
+                f"/admin/pgjobs/attempt/{attempt.pk}/change/"):
+        page = login_admin.get(url)
+        assert page.status_code == 200 and b"s3cret-pw" not in page.content, url
+    exported = login_admin.post("/admin/pgjobs/job/", {
+        "action": "export_selected", "index": 0, "_selected_action": [result.id],
+    })
+    assert exported.status_code == 200 and b"s3cret-pw" not in exported.content
+
+
+@pytest.fixture
+def login_admin(client):
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(
+        content_type__app_label="pgjobs", codename__in=["view_job", "view_attempt"]))
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+def test_enqueue_by_name_never_imports_a_module() -> None:
+    import sys
+
+    name = "django.tasks:tests.never_imported_module.anything"
+    assert "tests.never_imported_module" not in sys.modules
+    with pytest.raises(django_pgjobs.UnknownTask):
+        django_pgjobs.enqueue(name, {"args": [], "kwargs": {}})
+    assert "tests.never_imported_module" not in sys.modules
+    # Not a Task, even though its module is imported: refused too.
+    with pytest.raises(django_pgjobs.UnknownTask):
+        django_pgjobs.enqueue("django.tasks:os.system", {"args": ["true"], "kwargs": {}})
+    assert Job.objects.count() == 0
+    # A Task whose module is imported may be enqueued by name.
+    job = django_pgjobs.enqueue(task_name(add), {"args": [1, 2], "kwargs": {}})
+    assert job.task == task_name(add)
 
 
 @pytestmark_worker
