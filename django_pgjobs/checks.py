@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -14,18 +14,112 @@ from . import conf
 from .conf import settings
 from .models import PRIORITY_MAX, PRIORITY_MIN
 from .registry import registry
+from .validation import (
+    bool_problem,
+    number_problem,
+    queue_problem,
+    shown,
+    whole_number_problem,
+)
 
 MIN_POSTGRES_VERSION = 130000
 
-_POSITIVE_NUMBERS = (
-    "MAX_PAYLOAD_BYTES", "LEASE_SECONDS", "MAX_ATTEMPTS", "MAX_AGE_SECONDS",
-    "RETRY_BASE_SECONDS", "RETRY_MAX_SECONDS", "UNKNOWN_TASK_RETRY_SECONDS",
-    "MAX_SNOOZE_SECONDS", "POLL_INTERVAL_SECONDS", "BURST_UNREACHABLE_SECONDS",
-    "RESCUE_INTERVAL_SECONDS", "RESCUE_BATCH",
-    "PROMOTE_BATCH", "SETTLE_FLUSH_SECONDS", "RECEIPT_RETENTION_SECONDS",
-    "PRUNE_INTERVAL_SECONDS", "PRUNE_BATCH", "AGING_INTERVAL_SECONDS", "AGING_BATCH",
-)
-_NON_NEGATIVE_NUMBERS = ("MAX_SNOOZES", "SHUTDOWN_GRACE_SECONDS", "AGING_STEP")
+DAY_SECONDS = 24 * 3600
+YEAR_SECONDS = 365 * DAY_SECONDS
+Rule = Callable[[Any], "str | None"]
+
+
+def _whole(low: int, high: int) -> Rule:
+    return lambda value: whole_number_problem(value, low, high)
+
+
+def _seconds(low: float, high: float, *, low_inclusive: bool = False) -> Rule:
+    return lambda value: number_problem(value, low, high, low_inclusive=low_inclusive)
+
+
+def _queues(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        return f"must be None or a list of queue names, got {shown(value)}"
+    for queue in value:
+        problem = queue_problem(queue)
+        if problem is not None:
+            return f"must be None or a list of queue names: an entry {problem}"
+    return None
+
+
+def _names(what: str) -> Rule:
+    def check(value: Any) -> str | None:
+        if isinstance(value, str) or not isinstance(value, list | tuple):
+            return f"must be a list of {what}, got {shown(value)} (a string is not a list)"
+        bad = [item for item in value if not isinstance(item, str) or not item]
+        if bad:
+            return f"must be a list of {what}: {shown(bad[0])} is not a non-empty string"
+        return None
+
+    return check
+
+
+def _retention(value: Any) -> str | None:
+    if not isinstance(value, dict) or not set(value) <= {"succeeded", "cancelled", "dead"}:
+        return "must be a dict with keys among succeeded, cancelled, dead"
+    for state, seconds in value.items():
+        if seconds is not None:
+            problem = number_problem(seconds, 0, 100 * YEAR_SECONDS, low_inclusive=False)
+            if problem is not None:
+                return f"[{state!r}] must be None (keep forever) or seconds: {problem}"
+    return None
+
+
+def _backlog_policy(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return 'must be a dict of queue name (or "*" for any other queue) to seconds > 0'
+    for queue, seconds in value.items():
+        if queue != "*" and queue_problem(queue) is not None:
+            return f"has a key that is not a queue name or \"*\": {shown(queue)}"
+        problem = number_problem(seconds, 0, YEAR_SECONDS, low_inclusive=False)
+        if problem is not None:
+            return f"[{queue!r}] {problem}"
+    return None
+
+
+# Every setting and its rule, in conf.py's order; a test fails when a setting has no rule.
+SETTING_RULES: dict[str, Rule] = {
+    "QUEUE": queue_problem,
+    "QUEUES": _queues,
+    "MAX_PAYLOAD_BYTES": _whole(1, 256 * 1024 * 1024),
+    "MAX_PAYLOAD_DEPTH": _whole(1, 1000),
+    "LEASE_SECONDS": _whole(1, 7 * DAY_SECONDS),
+    "MAX_ATTEMPTS": _whole(1, 1_000_000),
+    "MAX_AGE_SECONDS": _seconds(0, 10 * YEAR_SECONDS),
+    "RETRY_BASE_SECONDS": _seconds(0, YEAR_SECONDS),
+    "RETRY_MAX_SECONDS": _seconds(0, YEAR_SECONDS),
+    "UNKNOWN_TASK_RETRY_SECONDS": _seconds(0, YEAR_SECONDS),
+    "MAX_SNOOZES": _whole(0, 1_000_000),
+    "MAX_SNOOZE_SECONDS": _seconds(0, YEAR_SECONDS),
+    "POLL_INTERVAL_SECONDS": _seconds(0, 3600),
+    "RESCUE_INTERVAL_SECONDS": _seconds(0, 3600),
+    "RESCUE_BATCH": _whole(1, 100_000),
+    "PROMOTE_BATCH": _whole(1, 100_000),
+    "SETTLE_FLUSH_SECONDS": _seconds(0, 60),
+    "SHUTDOWN_GRACE_SECONDS": _seconds(0, DAY_SECONDS, low_inclusive=True),
+    "BURST_UNREACHABLE_SECONDS": _seconds(0, DAY_SECONDS),
+    "RECEIPT_RETENTION_SECONDS": _seconds(0, 100 * YEAR_SECONDS),
+    "RETENTION_SECONDS": _retention,
+    "PRUNE_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
+    "PRUNE_BATCH": _whole(1, 100_000),
+    "NOTIFY": bool_problem,
+    "LISTEN": bool_problem,
+    "AGING_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
+    "AGING_STEP": _whole(0, PRIORITY_MAX - PRIORITY_MIN),
+    "AGING_CAP": _whole(PRIORITY_MIN, PRIORITY_MAX),
+    "AGING_BATCH": _whole(1, 100_000),
+    "BACKLOG_MAX_AGE_SECONDS": _backlog_policy,
+    "BACKLOG_CHECK_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
+    "REDACT_KEYS": _names("key names"),
+    "HANDLER_MODULES": _names("module names"),
+}
 
 
 @register(Tags.database)
@@ -78,119 +172,49 @@ def check_vendor(**kwargs: Any) -> list[CheckMessage]:
 
 @register()
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
-    """Every PGJOBS_* setting has a known name and a sensible value."""
+    """Every PGJOBS_* setting has a known name and a value of the right type and range."""
     messages: list[CheckMessage] = []
     known = {name[len("DEFAULT_"):] for name in vars(conf) if name.startswith("DEFAULT_")}
     for name in dir(django_settings):
         if name.startswith("PGJOBS_") and name[len("PGJOBS_"):] not in known:
             messages.append(Warning(f"{name} is not a django-pgjobs setting (a typo?)",
                                     id="pgjobs.W001"))
-    for name in _POSITIVE_NUMBERS:
-        messages += _number(name, strictly_positive=True)
-    for name in _NON_NEGATIVE_NUMBERS:
-        messages += _number(name, strictly_positive=False)
-    messages += _queues()
-    messages += _retention()
-    messages += _redact_keys()
-    messages += _scheduling()
-    if not messages and settings.RETRY_BASE_SECONDS > settings.RETRY_MAX_SECONDS:
-        messages.append(_error("RETRY_BASE_SECONDS", "must not exceed PGJOBS_RETRY_MAX_SECONDS"))
+    for name, rule in SETTING_RULES.items():
+        problem = rule(getattr(settings, name))
+        if problem is not None:
+            messages.append(Error(f"PGJOBS_{name} {problem}", id="pgjobs.E010"))
+    if messages:
+        return messages  # the rules below compare settings that must first be valid
+    if settings.QUEUES is not None and settings.QUEUE not in settings.QUEUES:
+        messages.append(Error(
+            f"PGJOBS_QUEUE must be one of PGJOBS_QUEUES (got {settings.QUEUE!r})",
+            id="pgjobs.E010",
+        ))
+    if settings.RETRY_BASE_SECONDS > settings.RETRY_MAX_SECONDS:
+        messages.append(Error(
+            "PGJOBS_RETRY_BASE_SECONDS must not exceed PGJOBS_RETRY_MAX_SECONDS "
+            f"(got {settings.RETRY_BASE_SECONDS!r} > {settings.RETRY_MAX_SECONDS!r})",
+            id="pgjobs.E010",
+        ))
+    messages += _receipt_retention()
     return messages
 
 
-def _error(name: str, problem: str, id: str = "pgjobs.E010") -> Error:
-    return Error(f"PGJOBS_{name} {problem} (got {getattr(settings, name)!r})", id=id)
-
-
-def _number(name: str, *, strictly_positive: bool) -> list[CheckMessage]:
-    value = getattr(settings, name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return [_error(name, "must be a number")]
-    if value < 0 or (strictly_positive and value == 0):
-        return [_error(name, "must be > 0" if strictly_positive else "must be >= 0")]
-    return []
-
-
-def _queues() -> list[CheckMessage]:
-    queues = settings.QUEUES
-    if queues is not None and (
-        isinstance(queues, str) or not isinstance(queues, Iterable)
-        or not all(isinstance(q, str) and 0 < len(q) <= 64 for q in queues)
-    ):
-        return [_error("QUEUES", "must be None or a list of queue names (1-64 characters)")]
-    if not isinstance(settings.QUEUE, str) or not settings.QUEUE:
-        return [_error("QUEUE", "must be a non-empty queue name")]
-    if queues is not None and settings.QUEUE not in queues:
-        return [_error("QUEUE", "must be one of PGJOBS_QUEUES")]
-    return []
-
-
-def _retention() -> list[CheckMessage]:
-    messages: list[CheckMessage] = []
-    retention = settings.RETENTION_SECONDS
-    if not isinstance(retention, dict) or not set(retention) <= {"succeeded", "cancelled", "dead"}:
-        messages.append(_error(
-            "RETENTION_SECONDS", "must be a dict with keys among succeeded, cancelled, dead"
-        ))
-    receipts = settings.RECEIPT_RETENTION_SECONDS
-    if not isinstance(receipts, int | float):
-        return messages
+def _receipt_retention() -> list[CheckMessage]:
     # A receipt must outlive every retry of the job that wrote it, or a late retry would repeat
     # the side effect; every retry ends by the job's deadline (its max age).
+    receipts = settings.RECEIPT_RETENTION_SECONDS
     longest = max(
         [float(settings.MAX_AGE_SECONDS), float(settings.UNKNOWN_TASK_RETRY_SECONDS)]
         + [h.max_age.total_seconds() for h in map(registry.get, registry.names())
            if h is not None and h.max_age is not None]
     )
-    if receipts < longest:
-        messages.append(Error(
-            f"PGJOBS_RECEIPT_RETENTION_SECONDS ({receipts:g}) is shorter than the longest retry "
-            f"window ({longest:g}s, the largest max age of any job): a retry could outlive its "
-            "receipt and repeat a side effect",
-            hint="raise PGJOBS_RECEIPT_RETENTION_SECONDS or lower the max ages",
-            id="pgjobs.E011",
-        ))
-    return messages
-
-
-def _redact_keys() -> list[CheckMessage]:
-    keys = settings.REDACT_KEYS
-    if isinstance(keys, str) or not all(isinstance(k, str) and k for k in keys):
-        return [_error("REDACT_KEYS", "must be a list of non-empty key names")]
-    return []
-
-
-def _scheduling() -> list[CheckMessage]:
-    """Aging, backlog policy, retention values and wake-ups (validated as the steps need them)."""
-    messages: list[CheckMessage] = []
-    for name, low, high in (("AGING_STEP", 0, PRIORITY_MAX - PRIORITY_MIN),
-                            ("AGING_CAP", PRIORITY_MIN, PRIORITY_MAX),
-                            ("AGING_BATCH", 1, 100_000)):
-        value = getattr(settings, name)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            messages.append(_error(name, f"must be a whole number from {low} to {high}"))
-    messages += _number("BACKLOG_CHECK_INTERVAL_SECONDS", strictly_positive=True)
-    policy = settings.BACKLOG_MAX_AGE_SECONDS
-    if not isinstance(policy, dict) or not all(
-        isinstance(queue, str) and queue and _is_positive(seconds)
-        for queue, seconds in policy.items()
-    ):
-        messages.append(_error(
-            "BACKLOG_MAX_AGE_SECONDS",
-            'must be a dict of queue name (or "*" for any other queue) to seconds > 0',
-        ))
-    retention = settings.RETENTION_SECONDS
-    if isinstance(retention, dict) and not all(
-        seconds is None or _is_positive(seconds) for seconds in retention.values()
-    ):
-        messages.append(_error(
-            "RETENTION_SECONDS", "values must be seconds > 0, or None to keep forever"
-        ))
-    for name in ("LISTEN", "NOTIFY"):
-        if not isinstance(getattr(settings, name), bool):
-            messages.append(_error(name, "must be True or False"))
-    return messages
-
-
-def _is_positive(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+    if receipts >= longest:
+        return []
+    return [Error(
+        f"PGJOBS_RECEIPT_RETENTION_SECONDS ({receipts:g}) is shorter than the longest retry "
+        f"window ({longest:g}s, the largest max age of any job): a retry could outlive its "
+        "receipt and repeat a side effect",
+        hint="raise PGJOBS_RECEIPT_RETENTION_SECONDS or lower the max ages",
+        id="pgjobs.E011",
+    )]

@@ -7,14 +7,23 @@ invariants the database enforces.
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from .status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from .validation import QUEUE_NAME_MAX_LENGTH, queue_problem
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
+
+
+def validate_queue_name(value: str) -> None:
+    """The queue-name rule of ``validation.py``, for forms (the admin)."""
+    problem = queue_problem(value)
+    if problem is not None:
+        raise ValidationError(f"The queue {problem}.")
 
 _RUNNING_HOLDS_A_LEASE = Q(
     status=JobStatus.RUNNING,
@@ -32,7 +41,7 @@ class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     task = models.CharField(max_length=200)
     payload_version = models.PositiveSmallIntegerField(default=1)
-    queue = models.CharField(max_length=64)
+    queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, validators=[validate_queue_name])
     payload = models.JSONField()
     status = models.CharField(max_length=16, choices=JobStatus.choices)
     # The priority the claim orders by; aging raises it from base_priority up to a cap.

@@ -38,20 +38,53 @@ def test_default_settings_pass() -> None:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("PGJOBS_LEASE_SECONDS", 0, "PGJOBS_LEASE_SECONDS must be > 0"),
-        ("PGJOBS_MAX_ATTEMPTS", "5", "PGJOBS_MAX_ATTEMPTS must be a number"),
-        ("PGJOBS_POLL_INTERVAL_SECONDS", -1, "must be > 0"),
-        ("PGJOBS_MAX_SNOOZES", -1, "PGJOBS_MAX_SNOOZES must be >= 0"),
-        ("PGJOBS_QUEUES", "default", "PGJOBS_QUEUES must be None or a list"),
+        ("PGJOBS_LEASE_SECONDS", 0, "PGJOBS_LEASE_SECONDS must be a whole number from 1 to "
+         "604800, got 0"),
+        ("PGJOBS_MAX_ATTEMPTS", "5", "PGJOBS_MAX_ATTEMPTS must be a whole number from 1 to "
+         "1000000, got '5'"),
+        ("PGJOBS_MAX_ATTEMPTS", 2.5, "PGJOBS_MAX_ATTEMPTS must be a whole number from 1 to "
+         "1000000, got 2.5"),
+        ("PGJOBS_MAX_ATTEMPTS", True, "PGJOBS_MAX_ATTEMPTS must be a whole number"),
+        ("PGJOBS_MAX_PAYLOAD_BYTES", float("nan"), "PGJOBS_MAX_PAYLOAD_BYTES must be a whole "
+         "number from 1 to 268435456, got nan"),
+        ("PGJOBS_MAX_PAYLOAD_DEPTH", 0, "PGJOBS_MAX_PAYLOAD_DEPTH must be a whole number"),
+        ("PGJOBS_POLL_INTERVAL_SECONDS", -1, "PGJOBS_POLL_INTERVAL_SECONDS must be a finite "
+         "number above 0 and at most 3600, got -1"),
+        ("PGJOBS_POLL_INTERVAL_SECONDS", float("inf"), "must be a finite number above 0"),
+        ("PGJOBS_RETRY_MAX_SECONDS", float("nan"), "PGJOBS_RETRY_MAX_SECONDS must be a finite"),
+        ("PGJOBS_SHUTDOWN_GRACE_SECONDS", -1, "PGJOBS_SHUTDOWN_GRACE_SECONDS must be a finite "
+         "number from 0 to 86400"),
+        ("PGJOBS_MAX_SNOOZES", -1, "PGJOBS_MAX_SNOOZES must be a whole number from 0 to"),
+        ("PGJOBS_QUEUE", "a:b", "PGJOBS_QUEUE must be a queue name"),
+        ("PGJOBS_QUEUES", "default", "PGJOBS_QUEUES must be None or a list of queue names, got "
+         "'default'"),
+        ("PGJOBS_QUEUES", ["default", "bad name"], "an entry must be a queue name"),
         ("PGJOBS_QUEUES", ["billing"], "PGJOBS_QUEUE must be one of PGJOBS_QUEUES"),
         ("PGJOBS_RETENTION_SECONDS", {"done": 1}, "must be a dict with keys among"),
-        ("PGJOBS_REDACT_KEYS", "password", "PGJOBS_REDACT_KEYS must be a list"),
+        ("PGJOBS_RETENTION_SECONDS", {"dead": float("nan")}, "['dead'] must be None"),
+        ("PGJOBS_REDACT_KEYS", "password", "PGJOBS_REDACT_KEYS must be a list of key names, got "
+         "'password' (a string is not a list)"),
+        ("PGJOBS_HANDLER_MODULES", "jobs", "PGJOBS_HANDLER_MODULES must be a list of module "
+         "names, got 'jobs' (a string is not a list)"),
+        ("PGJOBS_HANDLER_MODULES", ["jobs", 3], "3 is not a non-empty string"),
+        ("PGJOBS_NOTIFY", "yes", "PGJOBS_NOTIFY must be True or False, got 'yes'"),
+        ("PGJOBS_BACKLOG_MAX_AGE_SECONDS", {"*": float("inf")}, "['*'] must be a finite"),
+        ("PGJOBS_AGING_CAP", 101, "PGJOBS_AGING_CAP must be a whole number from -100 to 100"),
     ],
 )
 def test_bad_settings_are_reported_by_name(settings, name, value, message) -> None:
     setattr(settings, name, value)
     messages = check_settings()
-    assert any(message in m.msg for m in messages), [m.msg for m in messages]
+    assert [m.id for m in messages] == ["pgjobs.E010"]
+    assert message in messages[0].msg, messages[0].msg
+
+
+def test_every_setting_has_a_rule() -> None:
+    from django_pgjobs import conf
+    from django_pgjobs.checks import SETTING_RULES
+
+    defaults = {name[len("DEFAULT_"):] for name in vars(conf) if name.startswith("DEFAULT_")}
+    assert set(SETTING_RULES) == defaults
 
 
 def test_a_misspelt_setting_is_a_warning(settings) -> None:

@@ -67,7 +67,7 @@ def test_every_hot_query_passes_on_a_small_table() -> None:
         (["--batch-size", "ten"], "'ten' is not a whole number"),
         (["--query", "vacuum"], "invalid choice: 'vacuum'"),
         (["--max-rows-factor", "0.5"], "must be at least 1, got 0.5"),
-        (["--queue", ""], "a queue name has 1 to 64 characters"),
+        (["--queue", ""], "the queue must be a queue name \\(1 to 64 letters"),
         (["--database", "elsewhere"], "unknown database alias 'elsewhere'"),
     ],
 )

@@ -75,7 +75,7 @@ def test_a_worker_serving_every_queue_takes_turns_between_the_ready_ones() -> No
     [
         (["--queue", "billing:0"], "the weight must be from 1 to 100, got 0"),
         (["--queue", "billing:x"], "the weight after ':' must be a whole number"),
-        (["--queue", ":3"], "a queue name has 1 to 64 characters"),
+        (["--queue", ":3"], r"the queue must be a queue name \(1 to 64 letters"),
         (["--queue", "billing:2", "--queue", "billing:3"], "billing is given with two weights"),
     ],
 )

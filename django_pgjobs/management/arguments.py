@@ -6,7 +6,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-QUEUE_NAME_MAX_LENGTH = 64
+from django_pgjobs.validation import queue_problem, text_problem
 
 
 def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -45,9 +45,20 @@ def seconds(low: float, high: float, *, low_inclusive: bool = True) -> Callable[
 
 
 def queue_name(text: str) -> str:
-    """A queue name: 1 to 64 characters."""
-    if not text or len(text) > QUEUE_NAME_MAX_LENGTH:
-        raise argparse.ArgumentTypeError(
-            f"a queue name has 1 to {QUEUE_NAME_MAX_LENGTH} characters"
-        )
+    """A queue name, by the one rule enqueue and the models use."""
+    problem = queue_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"the queue {problem}")
     return text
+
+
+def label(max_length: int) -> Callable[[str], str]:
+    """A name that goes into log lines and database rows: no control characters."""
+
+    def parse(text: str) -> str:
+        problem = text_problem(text, max_length)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+
+    return parse

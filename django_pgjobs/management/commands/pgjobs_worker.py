@@ -10,8 +10,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_pgjobs.management.arguments import queue_name, seconds, whole_number
-from django_pgjobs.worker import EXIT_DATABASE_UNREACHABLE, Worker, database_target
+from django_pgjobs.management.arguments import label, queue_name, seconds, whole_number
+from django_pgjobs.worker import (
+    EXIT_DATABASE_UNREACHABLE,
+    MAX_BATCH_SIZE,
+    MAX_CONCURRENCY,
+    Worker,
+    database_target,
+)
 
 
 def _queue(text: str) -> tuple[str, int | None]:
@@ -44,10 +50,11 @@ class Command(BaseCommand):
                             help="queue to serve, as NAME or NAME:WEIGHT (repeatable; a queue "
                                  "of weight 3 gets 3 claim turns to another's 1 while both "
                                  "have work); default: every queue")
-        parser.add_argument("--concurrency", "-c", type=whole_number(1), default=1,
-                            help="executor threads, one database connection each (default 1)")
-        parser.add_argument("--batch-size", type=whole_number(1), default=10,
-                            help="jobs claimed per claim (default 10)")
+        parser.add_argument("--concurrency", "-c", type=whole_number(1, MAX_CONCURRENCY),
+                            default=1, help="executor threads, one database connection each "
+                                            f"(default 1, at most {MAX_CONCURRENCY})")
+        parser.add_argument("--batch-size", type=whole_number(1, MAX_BATCH_SIZE), default=10,
+                            help=f"jobs claimed per claim (default 10, at most {MAX_BATCH_SIZE})")
         parser.add_argument("--poll-interval", type=_SECONDS, default=None,
                             help="seconds between polls when idle (default "
                                  "PGJOBS_POLL_INTERVAL_SECONDS)")
@@ -55,7 +62,7 @@ class Command(BaseCommand):
                             help="exit 0 once nothing is eligible")
         parser.add_argument("--max-jobs", type=whole_number(1), default=None,
                             help="exit after claiming this many jobs")
-        parser.add_argument("--worker-id", default=None,
+        parser.add_argument("--worker-id", type=label(200), default=None,
                             help="name in leases and attempts (default host:pid:random)")
         parser.add_argument("--shutdown-grace", type=_SECONDS, default=None,
                             help="seconds running handlers get to finish after SIGTERM")
@@ -77,8 +84,6 @@ class Command(BaseCommand):
         if options["database"] not in connections:
             raise CommandError(f"unknown database alias {options['database']!r}")
         worker_id = options["worker_id"]
-        if worker_id is not None and not 0 < len(worker_id) <= 200:
-            raise CommandError("--worker-id must have 1 to 200 characters")
         queues, weights = _queues_and_weights(options["queues"])
         self._configure_logging(options["log_level"])
         worker = Worker(
