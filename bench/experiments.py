@@ -22,21 +22,25 @@ def claim_in_autocommit(
     batch size compiles it in one; every later claim sends the cached text in autocommit.
     """
     from django_pgjobs import transitions
+    from django_pgjobs.claimed import claimed_jobs
 
     key = (using, limit)
     if key not in transitions._claim_sql_cache:
         with transaction.atomic(using=using):
-            transitions._claim_sql(using, limit)
+            transitions._claim_statement(using, limit)
     claim_sql, params, queue_at = transitions._claim_sql_cache[key]
     params = [*params, worker_id]
     params[queue_at] = queue
     with connections[using].cursor() as cursor:
         cursor.execute(claim_sql, params)
+        columns = [column.name for column in cursor.description]
         rows = cursor.fetchall()
-    return [transitions._claimed(row) for row in rows]
+    return claimed_jobs(columns, rows)
 
 
-EXPERIMENTS = {"claim_autocommit": ("django_pgjobs.worker", "claim_jobs", claim_in_autocommit)}
+EXPERIMENTS = {
+    "claim_autocommit": ("django_pgjobs.worker.core", "claim_jobs", claim_in_autocommit),
+}
 
 
 def apply_from_environment() -> None:

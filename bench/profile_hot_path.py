@@ -35,7 +35,7 @@ from bench import harness
 DATABASE = "bench_profile"
 PHASES = [  # first match wins, searched from the innermost frame outwards
     ("claim", ("claim_jobs", "_claim ")),
-    ("settle", ("settle ", "_flush ")),
+    ("settle", ("settle ", "flush ")),
     ("execute", ("execute (django_pgjobs/executor.py",)),
     ("wake-ups", ("notify.py", "_idle ", "listen")),
     ("maintenance", ("maintenance.py", "_run_step")),
@@ -66,8 +66,8 @@ def round_trips() -> list[list[str]]:
     from django.db import transaction
 
     from django_pgjobs import JobSpec, enqueue, enqueue_many
-    from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
-    from django_pgjobs.transitions import Outcome, claim_jobs, settle
+    from django_pgjobs.outcomes import Outcome
+    from django_pgjobs.transitions import claim_jobs, settle
 
     enqueue_many([JobSpec.of("bench.noop", {"n": i}) for i in range(100)])
     claim_jobs("profile-warmup", "default", 10)  # compiles and caches the claim text
@@ -86,8 +86,7 @@ def round_trips() -> list[list[str]]:
         claimed.extend(claim_jobs("profile", "default", 10))
 
     def settle_batch() -> None:
-        settle([Outcome(j.id, j.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
-                        terminal_reason=TerminalReason.SUCCEEDED, result_json="null")
+        settle([Outcome.succeeded(j, "null", 0)
                 for j in claimed])
 
     for label, action in (("enqueue (one job, in transaction.atomic)", single),

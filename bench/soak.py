@@ -83,8 +83,8 @@ def probe_claims(batches: int = 10, batch: int = 10) -> list[float]:
     from django.db import transaction
 
     from django_pgjobs import JobSpec, enqueue_many
-    from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
-    from django_pgjobs.transitions import Outcome, claim_jobs, settle
+    from django_pgjobs.outcomes import Outcome
+    from django_pgjobs.transitions import claim_jobs, settle
 
     with transaction.atomic():
         enqueue_many([JobSpec.of("bench.noop", {"n": i}, queue="probe")
@@ -95,8 +95,7 @@ def probe_claims(batches: int = 10, batch: int = 10) -> list[float]:
         start = time.perf_counter()
         jobs = claim_jobs(worker, "probe", batch)
         timings.append((time.perf_counter() - start) * 1000)
-        settle([Outcome(j.id, j.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
-                        terminal_reason=TerminalReason.SUCCEEDED, result_json="null")
+        settle([Outcome.succeeded(j, "null", 0)
                 for j in jobs])
     return timings
 

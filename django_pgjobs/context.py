@@ -4,43 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import uuid
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
 from . import receipts
+from .claimed import ClaimedJob
+from .exceptions import LeaseLost
+from .transitions import extend_leases
 
 logger = logging.getLogger("django_pgjobs.handler")
-
-
-@dataclass
-class ClaimedJob:
-    """A job as the claim returned it, owned by this worker until settled."""
-
-    id: int
-    task: str
-    payload_version: int
-    payload: Any
-    attempt: int
-    max_attempts: int
-    snoozes: int
-    deadline: datetime | None
-    lease_seconds: int
-    lease_token: uuid.UUID
-    lease_expires_at: datetime
-    trace_id: str
-    queue: str
-    priority: int
-    created_at: datetime
-    claimed_monotonic: float = field(default_factory=time.monotonic)
-    run_at: datetime | None = None  # when the job became due; pickup latency starts here
-
-    def lease_left_seconds(self) -> float:
-        """Lease time left by this process's monotonic clock (the database's may be ahead)."""
-        return self.lease_seconds - (time.monotonic() - self.claimed_monotonic)
 
 
 class JobContext:
@@ -84,17 +55,24 @@ class JobContext:
 
     def heartbeat(self) -> None:
         """Extend the lease now (fenced); raise ``LeaseLost`` if this worker no longer owns it."""
-        from .exceptions import LeaseLost
-        from .transitions import extend_leases
-
+        if not self._lease_lost.is_set():
+            extended = extend_leases([(self.job.id, self.job.lease_token)], using=self.using)
+            self.heartbeat_answered(self.job.id in extended, extended.get(self.job.id, False))
         if self._lease_lost.is_set():
             raise LeaseLost(f"job {self.job.id}: lease lost")
-        extended = extend_leases([(self.job.id, self.job.lease_token)], using=self.using)
-        if self.job.id not in extended:
+
+    def heartbeat_answered(self, extended: bool, cancel_requested: bool) -> None:
+        """Record what a heartbeat found, whether the handler or the worker sent it.
+
+        Not extended: another attempt or the rescue step has the job; the handler sees
+        ``lease_lost``. Extended: the lease's time counts from now, and an operator's cancel
+        request shows as ``cancel_requested``.
+        """
+        if not extended:
             self._lease_lost.set()
-            raise LeaseLost(f"job {self.job.id}: lease lost")
-        self.job.claimed_monotonic = time.monotonic()
-        if extended[self.job.id]:
+            return
+        self.job.lease_renewed()
+        if cancel_requested:
             self._cancel_requested.set()
 
     def receipt(

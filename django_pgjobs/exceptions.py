@@ -89,6 +89,3 @@ class Snooze(HandlerSignal):
 class LeaseLost(PgJobsError):
     """This worker no longer owns the job: another attempt or an operator took it over."""
 
-
-class AlreadyEnqueued(PgJobsError):
-    pass

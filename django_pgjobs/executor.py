@@ -5,32 +5,28 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from .claimed import ClaimedJob
 from .conf import settings
-from .context import ClaimedJob, JobContext
+from .context import JobContext
 from .exceptions import Snooze
+from .outcomes import Outcome
 from .registry import redactor_for, registry, upgrade_payload
 from .retry import classify, decide
-from .status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
-from .transitions import Outcome
+from .status import FailureClass, TerminalReason
 
 ERROR_MAX_CHARS = 4000
 TRACEBACK_MAX_CHARS = 32000
 
 
-def claimed_db_time(job: ClaimedJob) -> datetime:
-    """The database clock now, estimated from the claim's lease expiry and local elapsed time."""
-    claimed_at = job.lease_expires_at - timedelta(seconds=job.lease_seconds)
-    return claimed_at + timedelta(seconds=time.monotonic() - job.claimed_monotonic)
-
-
 def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
     """Run the handler for ``job`` and say what should become of it."""
     started = time.monotonic()
-    if job.deadline is not None and claimed_db_time(job) >= job.deadline:
-        return _dead(job, TerminalReason.DEADLINE_PASSED, "deadline passed before the job ran")
+    if job.deadline is not None and job.database_now() >= job.deadline:
+        return Outcome.dead(job, TerminalReason.DEADLINE_PASSED,
+                            "deadline passed before the job ran")
     handler = registry.resolve(job.task)
     if handler is None:
         return _failed(job, started, FailureClass.UNKNOWN_TASK,
@@ -75,11 +71,7 @@ def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
                            "handler returned a value with a lone surrogate "
                            f"({result_json[exc.start]!r}), which is not UTF-8 and which "
                            "PostgreSQL cannot store", "")
-    return Outcome(
-        job.id, job.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
-        terminal_reason=TerminalReason.SUCCEEDED, result_json=result_json,
-        duration_ms=_ms(started), task=job.task, attempt=job.attempt, trace_id=job.trace_id,
-    )
+    return Outcome.succeeded(job, result_json, _ms(started))
 
 
 def _failed(
@@ -92,45 +84,27 @@ def _failed(
 ) -> Outcome:
     decision = decide(
         failure_class, attempts=job.attempt, max_attempts=job.max_attempts,
-        created_at=job.created_at, deadline=job.deadline, now=claimed_db_time(job),
+        created_at=job.created_at, deadline=job.deadline, now=job.database_now(),
         hint_seconds=hint,
     )
-    return Outcome(
-        job.id, job.lease_token, decision.status,
-        AttemptOutcome.DEAD if decision.status == JobStatus.DEAD else AttemptOutcome.FAILED,
-        delay_seconds=decision.delay_seconds, attempts_delta=decision.attempts_delta,
-        failure_class=failure_class.value, terminal_reason=decision.terminal_reason,
+    return Outcome.failed(
+        job, failure_class, decision,
         error=_stored_text(job, error, ERROR_MAX_CHARS, keep_end=False),
         traceback=_stored_text(job, tb, TRACEBACK_MAX_CHARS, keep_end=True),
-        duration_ms=_ms(started), task=job.task,
-        attempt=job.attempt, trace_id=job.trace_id,
+        duration_ms=_ms(started),
     )
 
 
 def _snoozed(job: ClaimedJob, started: float, seconds: float) -> Outcome:
     if job.snoozes >= settings.MAX_SNOOZES:
-        return _dead(job, TerminalReason.SNOOZE_LIMIT,
-                     f"snoozed {job.snoozes} times (PGJOBS_MAX_SNOOZES)", started)
+        return Outcome.dead(job, TerminalReason.SNOOZE_LIMIT,
+                            f"snoozed {job.snoozes} times (PGJOBS_MAX_SNOOZES)", _ms(started))
     seconds = min(seconds, float(settings.MAX_SNOOZE_SECONDS))
-    wakes_at = claimed_db_time(job) + timedelta(seconds=seconds)
+    wakes_at = job.database_now() + timedelta(seconds=seconds)
     if job.deadline is not None and wakes_at >= job.deadline:
-        return _dead(job, TerminalReason.DEADLINE_PASSED, "snooze would end after the deadline",
-                     started)
-    return Outcome(
-        job.id, job.lease_token, JobStatus.SCHEDULED if seconds > 0 else JobStatus.READY,
-        AttemptOutcome.SNOOZED, delay_seconds=seconds, attempts_delta=-1, snoozes_delta=1,
-        duration_ms=_ms(started), task=job.task, attempt=job.attempt, trace_id=job.trace_id,
-    )
-
-
-def _dead(
-    job: ClaimedJob, reason: TerminalReason, error: str, started: float | None = None
-) -> Outcome:
-    return Outcome(
-        job.id, job.lease_token, JobStatus.DEAD, AttemptOutcome.DEAD, terminal_reason=reason,
-        error=error, duration_ms=_ms(started) if started is not None else None, task=job.task,
-        attempt=job.attempt, trace_id=job.trace_id,
-    )
+        return Outcome.dead(job, TerminalReason.DEADLINE_PASSED,
+                            "snooze would end after the deadline", _ms(started))
+    return Outcome.snoozed(job, seconds, _ms(started))
 
 
 def _describe(exc: BaseException) -> str:

@@ -12,15 +12,15 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from . import sql
 from .maintenance import AGING_KEYSET_START, AgingPolicy, prune_jobs, retention_seconds
-from .status import AttemptOutcome, JobStatus, TerminalReason
+from .outcomes import Held, Outcome
+from .status import JobStatus
 from .transitions import (
-    Outcome,
     claim_jobs,
     promote_due_jobs,
     raise_waiting_priorities,
@@ -248,12 +248,19 @@ def _ready_queues(queue: str, batch: int, using: str) -> dict[str, Any]:
 def _settle(queue: str, batch: int, using: str) -> dict[str, Any]:
     # Settle what a real claim just took, as a worker would (all of it rolled back after).
     claimed = claim_jobs("pgjobs-explain", queue, batch, using=using)
-    outcomes = [
-        Outcome(job.id, job.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
-                terminal_reason=TerminalReason.SUCCEEDED, result_json="null", duration_ms=1)
-        for job in claimed
-    ] or [Outcome(0, uuid.uuid4(), JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED)]
+    held: list[Held] = list(claimed) or [_Nobody(0, uuid.uuid4(), "", 0, "")]
+    outcomes = [Outcome.succeeded(job, "null", 1) for job in held]
     return _captured(lambda: settle(outcomes, using=using), using)
+
+
+class _Nobody(NamedTuple):
+    """A lease nobody holds: what settle is explained with when the queue had nothing."""
+
+    id: int
+    lease_token: uuid.UUID
+    task: str
+    attempt: int
+    trace_id: str
 
 
 def _aging(queue: str, batch: int, using: str) -> dict[str, Any]:

@@ -41,9 +41,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from . import stats
-from .context import ClaimedJob
+from .claimed import ClaimedJob
+from .outcomes import Outcome
 from .status import JobStatus
-from .transitions import Outcome
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -181,10 +181,10 @@ class WorkerMetrics:
                 waited = (claimed_at - job.run_at).total_seconds()
                 self.pickup_latency.labels(job.queue).observe(max(0.0, waited))
 
-    def on_settle(self, outcome: Outcome, won: bool) -> None:
+    def on_settle(self, outcome: Outcome, applied: bool) -> None:
         if outcome.duration_ms is not None:
             self.handler_duration.labels(outcome.task).observe(outcome.duration_ms / 1000)
-        if not won:
+        if not applied:
             self.lost_settlements.labels(outcome.task).inc()
         elif outcome.status == JobStatus.SUCCEEDED:
             self.completions.labels(outcome.task).inc()

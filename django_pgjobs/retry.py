@@ -128,7 +128,8 @@ class Decision:
     status: JobStatus
     delay_seconds: float | None
     terminal_reason: str
-    attempts_delta: int = 0
+    # False when the failure gives its attempt back (a deploy-window wait).
+    counts_attempt: bool = True
 
 
 def classify(
@@ -190,7 +191,7 @@ def decide(
         delay = backoff_seconds(attempts)
     if deadline is not None and now + timedelta(seconds=delay) >= deadline:
         return Decision(JobStatus.DEAD, None, TerminalReason.DEADLINE_PASSED)
-    return Decision(JobStatus.RETRYING, delay, "", 0 if rule.uses_attempt else -1)
+    return Decision(JobStatus.RETRYING, delay, "", rule.uses_attempt)
 
 
 def retry_matrix_markdown() -> str:

@@ -26,8 +26,13 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled", "cancelled"
 
 
-TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED})
-WAITING_STATUSES = frozenset({JobStatus.SCHEDULED, JobStatus.RETRYING})
+# The groups the operator transitions and the admin act on, named once. Tuples, in the order of
+# the states above, because the admin lists them in that order.
+TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
+# Not running and not finished: an operator may cancel or dead-letter these.
+WAITING_STATUSES = (JobStatus.SCHEDULED, JobStatus.READY, JobStatus.RETRYING)
+# An operator may send these back to ready with a fresh attempt budget.
+RETRYABLE_STATUSES = (JobStatus.DEAD, JobStatus.CANCELLED)
 
 
 class AttemptOutcome(models.TextChoices):

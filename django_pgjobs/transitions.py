@@ -1,9 +1,22 @@
-"""The only code that changes a job's status.
+"""Every change of a job's state, in one module: the claim, the ways out of RUNNING, the
+maintenance transitions and the operator transitions.
 
-Every transition is one guarded statement (or one short transaction) whose WHERE clause says
-which state, and for a running job which lease token, it applies to; each returns what it
-changed, and the caller decides what a zero means. Times that decide ownership come from the
-database clock.
+Read it top to bottom:
+
+1. ``claim_jobs``: READY -> RUNNING, one short transaction built on the ORM's
+   ``select_for_update(skip_locked=True)``, lease times from the database clock.
+2. ``extend_leases``: a heartbeat; RUNNING stays RUNNING under the same token.
+3. ``settle``: RUNNING -> the state an ``Outcome`` names (``outcomes.WAYS_OUT`` is the list),
+   only while the reporter still holds the lease; a stale report is recorded as lost.
+4. ``rescue_expired_leases``: RUNNING whose lease expired -> RETRYING or DEAD (the retry policy).
+5. ``promote_due_jobs``: SCHEDULED and RETRYING whose time came -> READY.
+6. ``raise_waiting_priorities``: READY stays READY with a higher priority (aging).
+7. Operators: ``retry_jobs``, ``cancel_jobs``, ``dead_letter_jobs``, ``replay_job``.
+
+Finished jobs leave the table through ``maintenance.prune_jobs`` (retention). Every transition
+is one guarded statement (or one short transaction) whose WHERE clause says which state, and for
+a running job which lease token, it applies to; each returns what it changed, and the caller
+decides what a zero means. Times that decide ownership come from the database clock.
 """
 
 from __future__ import annotations
@@ -12,54 +25,35 @@ import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
 from . import sql
+from .claimed import ClaimedJob, claimed_jobs
 from .conf import settings
-from .context import ClaimedJob
+from .enqueuing import JobSpec, enqueue_many
 from .models import Job, OperatorAction, OperatorActionKind
+from .outcomes import Outcome
 from .retry import decide
-from .status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from .status import (
+    RETRYABLE_STATUSES,
+    TERMINAL_STATUSES,
+    WAITING_STATUSES,
+    FailureClass,
+    JobStatus,
+    TerminalReason,
+)
 
+# --- 1. the claim ------------------------------------------------------------------------------
+
+# The candidates' queue is a parameter of the compiled ORM query; compiling with this value
+# finds its position once, so the text can be reused with any queue.
 _QUEUE_SENTINEL = "\x00pgjobs-queue\x00"
-_claim_sql_cache: dict[tuple[str, int], tuple[str, list[Any], int]] = {}
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a worker reports for one attempt; ``settle`` applies it only under the lease."""
-
-    job_id: int
-    lease_token: uuid.UUID
-    status: JobStatus
-    attempt_outcome: AttemptOutcome
-    delay_seconds: float | None = None
-    attempts_delta: int = 0
-    snoozes_delta: int = 0
-    failure_class: str = ""
-    terminal_reason: str = ""
-    error: str = ""
-    traceback: str = ""
-    result_json: str | None = None
-    duration_ms: int | None = None
-    # For log lines only.
-    task: str = ""
-    attempt: int = 0
-    trace_id: str = ""
-
-    @classmethod
-    def release(cls, job: ClaimedJob, reason: str = "") -> Outcome:
-        """Hand an unstarted job back: ready at once, the attempt not counted."""
-        return cls(
-            job.id, job.lease_token, JobStatus.READY, AttemptOutcome.RELEASED,
-            attempts_delta=-1, error=reason, task=job.task, attempt=job.attempt,
-            trace_id=job.trace_id,
-        )
 
 
 def claim_jobs(
@@ -67,20 +61,33 @@ def claim_jobs(
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs of ``queue`` for ``worker_id``, in one short transaction."""
     with transaction.atomic(using=using):
-        claim_sql, params, queue_at = _claim_sql(using, limit)
+        text, params, queue_at = _claim_statement(using, limit)
         params = [*params, worker_id]
         params[queue_at] = queue
         with connections[using].cursor() as cursor:
-            cursor.execute(claim_sql, params)
+            cursor.execute(text, params)
+            columns = [column.name for column in cursor.description]
             rows = cursor.fetchall()
-    return [_claimed(row) for row in rows]
+    return claimed_jobs(columns, rows)
 
 
-def _claim_sql(using: str, limit: int) -> tuple[str, list[Any], int]:
-    # Compiled once per (database, limit) inside the claim's transaction, since Django refuses
-    # to compile select_for_update outside one; later claims reuse the text.
-    key = (using, limit)
-    cached = _claim_sql_cache.get(key)
+def claim_statement(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> str:
+    """The claim's whole text as it is sent, candidates included (for EXPLAIN and the docs).
+
+    ``%s`` stand where the queue name and the worker id go, in that order.
+    """
+    with transaction.atomic(using=using):
+        text, params, queue_at = _claim_statement(using, limit)
+    # PostgreSQL's operations quote a value the way psycopg sends it client-side.
+    compose = connections[using].ops.compose_sql  # type: ignore[attr-defined]
+    literals = [compose("%s", [p]) if i != queue_at else "%s" for i, p in enumerate(params)]
+    return text % (*literals, "%s")
+
+
+def _claim_statement(using: str, limit: int) -> tuple[str, list[Any], int]:
+    # Django refuses to compile select_for_update outside a transaction, so this runs inside
+    # the claim's own; it is compiled once per (database, limit) and the text reused.
+    cached = _claim_sql_cache.get((using, limit))
     if cached is None:
         candidates = (
             Job.objects.using(using)
@@ -91,58 +98,25 @@ def _claim_sql(using: str, limit: int) -> tuple[str, list[Any], int]:
         )
         candidates_sql, candidates_params = candidates.query.get_compiler(using=using).as_sql()
         text = sql.query("claim_jobs").replace("{candidates}", candidates_sql)
-        cached = (text, list(candidates_params), list(candidates_params).index(_QUEUE_SENTINEL))
-        _claim_sql_cache[key] = cached
+        params = list(candidates_params)
+        cached = (text, params, params.index(_QUEUE_SENTINEL))
+        _claim_sql_cache[(using, limit)] = cached
     return cached
 
 
-def _claimed(row: Sequence[Any]) -> ClaimedJob:
-    payload = row[3]
-    return ClaimedJob(
-        id=row[0], task=row[1], payload_version=row[2],
-        payload=json.loads(payload) if isinstance(payload, str) else payload,
-        attempt=row[4], max_attempts=row[5], snoozes=row[6],
-        deadline=None if row[7] is None else _from_epoch(row[7]),
-        lease_seconds=row[8], lease_token=row[9], lease_expires_at=_from_epoch(row[10]),
-        trace_id=row[11], queue=row[12], priority=row[13], created_at=_from_epoch(row[14]),
-        run_at=_from_epoch(row[15]),
-    )
+_claim_sql_cache: dict[tuple[str, int], tuple[str, list[Any], int]] = {}
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _from_epoch(microseconds: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=microseconds)
-
-
-def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dict[uuid.UUID, bool]:
-    """Apply a batch of outcomes in one fenced statement; map each lease token to whether it won.
-
-    A token that maps to False lost its lease before reporting: its attempt is recorded as lost
-    and the job was not touched.
-    """
-    if not outcomes:
-        return {}
-    # One JSON document instead of thirteen arrays: quoting one string costs the worker a
-    # fraction of quoting every element, and the server parses it in C.
-    reports = json.dumps([
-        [o.job_id, str(o.lease_token), o.status.value, o.attempt_outcome.value,
-         o.delay_seconds, o.attempts_delta, o.snoozes_delta, o.failure_class,
-         o.terminal_reason, o.error, o.traceback, o.result_json, o.duration_ms]
-        for o in outcomes
-    ])
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("settle_jobs"), [reports])
-        rows = cursor.fetchall()
-    won = {token: bool(applied) for token, applied in rows}
-    return {o.lease_token: won.get(o.lease_token, False) for o in outcomes}
+# --- 2. heartbeats --------------------------------------------------------------------------------
 
 
 def extend_leases(
     leases: Iterable[tuple[int, uuid.UUID]], *, using: str = DEFAULT_DB_ALIAS
 ) -> dict[int, bool]:
-    """Heartbeat: extend each lease still held; map extended job ids to "cancel requested"."""
+    """Extend each lease still held; map each extended job id to whether a cancel was asked.
+
+    A job missing from the answer is no longer held by that token: its holder lost it.
+    """
     pairs = list(leases)
     if not pairs:
         return {}
@@ -153,10 +127,102 @@ def extend_leases(
         return {job_id: bool(cancel) for job_id, _, cancel in cursor.fetchall()}
 
 
+# --- 3. the ways out of RUNNING ------------------------------------------------------------------
+
+# The columns of settle_jobs' recordset, named as Outcome's fields.
+REPORT_FIELDS = (
+    "job_id", "lease_token", "status", "attempt_outcome", "delay_seconds", "counted",
+    "adds_snooze", "failure_class", "terminal_reason", "error", "traceback", "result_json",
+    "duration_ms",
+)
+_report = attrgetter(*REPORT_FIELDS)
+
+
+def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dict[uuid.UUID, bool]:
+    """Apply a batch of outcomes in one fenced statement; map each lease token to "applied".
+
+    A token that maps to False lost its lease before reporting: its attempt is recorded as lost
+    and the job was not touched. An outcome that is not a way out of RUNNING is refused.
+    """
+    if not outcomes:
+        return {}
+    for outcome in outcomes:
+        problem = outcome.problem()
+        if problem is not None:
+            raise ValueError(f"settle refuses an outcome: {problem}")
+    # One JSON document for the batch: encoding it costs the worker a fraction of adapting a
+    # parameter per column, and the server parses it in C.
+    reports = json.dumps([dict(zip(REPORT_FIELDS, _report(o), strict=True)) for o in outcomes],
+                         default=str)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("settle_jobs"), [reports])
+        rows = cursor.fetchall()
+    applied = {token: bool(was_applied) for token, was_applied in rows}
+    return {o.lease_token: applied.get(o.lease_token, False) for o in outcomes}
+
+
+# --- 4. rescue ------------------------------------------------------------------------------------
+
+
+class _Expired(NamedTuple):
+    """A running job whose lease expired, as the rescue step read it (``_EXPIRED_COLUMNS``)."""
+
+    id: int
+    lease_token: uuid.UUID
+    attempt: int
+    max_attempts: int
+    created_at: datetime
+    deadline: datetime | None
+    task: str
+    trace_id: str
+    lease_owner: str
+    lease_expires_at: datetime
+
+
+# The Job columns _Expired's fields are read from, field by field.
+_EXPIRED_COLUMNS = ("id", "lease_token", "attempts", "max_attempts", "created_at", "deadline",
+                    "task", "trace_id", "lease_owner", "lease_expires_at")
+
+
+def rescue_expired_leases(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> list[Outcome]:
+    """Take back up to ``limit`` running jobs whose lease expired; retry them or end them.
+
+    The rows are locked (SKIP LOCKED, so several workers can rescue at once) and settled under
+    their old token in the same transaction: a worker that reports later finds it lost.
+    """
+    with transaction.atomic(using=using):
+        expired = [_Expired(*row) for row in (
+            Job.objects.using(using)
+            .select_for_update(skip_locked=True)
+            .filter(status=JobStatus.RUNNING, lease_expires_at__lt=Now())
+            .order_by("lease_expires_at")
+            .values_list(*_EXPIRED_COLUMNS)[:limit]
+        )]
+        if not expired:
+            return []
+        now = database_now(using=using)
+        outcomes = [
+            Outcome.failed(
+                job, FailureClass.LEASE_EXPIRED,
+                decide(FailureClass.LEASE_EXPIRED, attempts=job.attempt,
+                       max_attempts=job.max_attempts, created_at=job.created_at,
+                       deadline=job.deadline, now=now),
+                error=f"lease held by {job.lease_owner} expired at "
+                      f"{job.lease_expires_at.isoformat()}",
+            )
+            for job in expired
+        ]
+        settle(outcomes, using=using)
+    return outcomes
+
+
+# --- 5. promotion, 6. aging --------------------------------------------------------------------
+
+
 def promote_due_jobs(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Make scheduled and retrying jobs whose run_at has come ready; return their queues."""
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("promote_due"), [limit])
+        cursor.execute(sql.query("promote_due_jobs"), [limit])
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -213,56 +279,10 @@ def database_now(*, using: str = DEFAULT_DB_ALIAS) -> datetime:
     return row[0]
 
 
-def rescue_expired_leases(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> list[Outcome]:
-    """Take back up to ``limit`` running jobs whose lease expired; retry them or end them.
-
-    The rows are locked (SKIP LOCKED, so several workers can rescue at once) and settled under
-    their old token in the same transaction: a worker that reports later finds it lost.
-    """
-    with transaction.atomic(using=using):
-        expired = list(
-            Job.objects.using(using)
-            .select_for_update(skip_locked=True)
-            .filter(status=JobStatus.RUNNING, lease_expires_at__lt=Now())
-            .order_by("lease_expires_at")
-            .values_list(
-                "id", "lease_token", "attempts", "max_attempts", "created_at", "deadline",
-                "task", "trace_id", "lease_owner", "lease_expires_at",
-            )[:limit]
-        )
-        if not expired:
-            return []
-        now = database_now(using=using)
-        outcomes = []
-        for row in expired:
-            job_id, token, attempts, max_attempts, created, deadline, task, trace, owner, at = row
-            assert token is not None and at is not None  # the lease check constraint holds
-            decision = decide(
-                FailureClass.LEASE_EXPIRED, attempts=attempts, max_attempts=max_attempts,
-                created_at=created, deadline=deadline, now=now,
-            )
-            outcomes.append(
-                Outcome(
-                    job_id, token, decision.status, AttemptOutcome.LEASE_EXPIRED,
-                    delay_seconds=decision.delay_seconds, attempts_delta=decision.attempts_delta,
-                    failure_class=FailureClass.LEASE_EXPIRED.value,
-                    terminal_reason=decision.terminal_reason,
-                    error=f"lease held by {owner} expired at {at.isoformat()}",
-                    task=task, attempt=attempts, trace_id=trace,
-                )
-            )
-        settle(outcomes, using=using)
-    return outcomes
-
-
-# --- operator transitions (the admin and management commands call these) --------------------
+# --- 7. operator transitions (the admin and management commands call these) -----------------
 # Each locks the selected rows in id order (so two operators cannot deadlock, and a claim, which
 # skips locked rows, cannot take one mid-action), applies one update guarded by status, and
 # writes its audit row in the same transaction: the audit says exactly what changed.
-
-_WAITING = (JobStatus.READY, JobStatus.SCHEDULED, JobStatus.RETRYING)
-_RETRYABLE = (JobStatus.DEAD, JobStatus.CANCELLED)
-_REPLAYABLE = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -289,10 +309,10 @@ def retry_jobs(
     ids = _unique_ids(job_ids)
     with transaction.atomic(using=using):
         before = _lock(ids, using)
-        eligible = [i for i, status in before.items() if status in _RETRYABLE]
+        eligible = [i for i, status in before.items() if status in RETRYABLE_STATUSES]
         retried = (
             Job.objects.using(using)
-            .filter(pk__in=eligible, status__in=_RETRYABLE)
+            .filter(pk__in=eligible, status__in=RETRYABLE_STATUSES)
             .update(
                 status=JobStatus.READY, attempts=0, snoozes=0, run_at=Now(), finished_at=None,
                 terminal_reason="", priority=F("base_priority"), cancel_requested_at=None,
@@ -314,9 +334,9 @@ def cancel_jobs(
     jobs = Job.objects.using(using)
     with transaction.atomic(using=using):
         before = _lock(ids, using)
-        waiting = [i for i, status in before.items() if status in _WAITING]
+        waiting = [i for i, status in before.items() if status in WAITING_STATUSES]
         running = [i for i, status in before.items() if status == JobStatus.RUNNING]
-        cancelled = jobs.filter(pk__in=waiting, status__in=_WAITING).update(
+        cancelled = jobs.filter(pk__in=waiting, status__in=WAITING_STATUSES).update(
             status=JobStatus.CANCELLED, terminal_reason=TerminalReason.OPERATOR,
             finished_at=Now(), updated_at=Now(),
         )
@@ -344,10 +364,10 @@ def dead_letter_jobs(
     ids = _unique_ids(job_ids)
     with transaction.atomic(using=using):
         before = _lock(ids, using)
-        eligible = [i for i, status in before.items() if status in _WAITING]
+        eligible = [i for i, status in before.items() if status in WAITING_STATUSES]
         dead = (
             Job.objects.using(using)
-            .filter(pk__in=eligible, status__in=_WAITING)
+            .filter(pk__in=eligible, status__in=WAITING_STATUSES)
             .update(
                 status=JobStatus.DEAD, terminal_reason=TerminalReason.OPERATOR,
                 last_error=f"dead-lettered by operator: {reason}", finished_at=Now(),
@@ -372,11 +392,9 @@ def replay_job(
     dedupe against the replay); a string gives the replay a new key; None gives it none.
     Raises ``ValueError`` when the original is not finished or the key is taken.
     """
-    from .enqueuing import JobSpec, enqueue_many
-
     with transaction.atomic(using=using):
         jobs = Job.objects.using(using)
-        original = jobs.select_for_update().filter(pk=job.pk, status__in=_REPLAYABLE).first()
+        original = jobs.select_for_update().filter(pk=job.pk, status__in=TERMINAL_STATUSES).first()
         if original is None:
             raise ValueError(f"job {job.pk} is not finished (succeeded, dead or cancelled)")
         key: str | None
@@ -384,7 +402,7 @@ def replay_job(
             key = original.idempotency_key
             if key is not None:
                 jobs.filter(
-                    pk=original.pk, idempotency_key=key, status__in=_REPLAYABLE
+                    pk=original.pk, idempotency_key=key, status__in=TERMINAL_STATUSES
                 ).update(idempotency_key=None, updated_at=Now())
         else:
             assert idempotency_key is None or isinstance(idempotency_key, str)
@@ -456,11 +474,12 @@ def _notify(ids: list[int], using: str) -> None:
 __all__ = [
     "CODE",
     "KEEP_KEY",
+    "REPORT_FIELDS",
     "Actor",
     "AgingBatch",
-    "Outcome",
     "cancel_jobs",
     "claim_jobs",
+    "claim_statement",
     "dead_letter_jobs",
     "extend_leases",
     "promote_due_jobs",

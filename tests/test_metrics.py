@@ -6,6 +6,7 @@ import re
 import urllib.request
 import uuid
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.test import override_settings
@@ -16,8 +17,9 @@ import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.metrics import StatsCollector, WorkerMetrics, exposition
 from django_pgjobs.models import Attempt, Job
-from django_pgjobs.status import AttemptOutcome, JobStatus
-from django_pgjobs.transitions import Outcome, database_now
+from django_pgjobs.outcomes import Outcome
+from django_pgjobs.status import JobStatus
+from django_pgjobs.transitions import database_now
 from django_pgjobs.worker import Worker
 from tests.conftest import wait_for
 from tests.factories import JobFactory
@@ -125,8 +127,9 @@ def test_retries_are_counted_by_failure_class() -> None:
 @pytest.mark.django_db
 def test_lost_settlements_are_counted_and_nothing_else() -> None:
     metrics = WorkerMetrics()
-    outcome = Outcome(1, uuid.uuid4(), JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
-                      duration_ms=1500, task="tests.ok")
+    held = SimpleNamespace(id=1, lease_token=uuid.uuid4(), task="tests.ok", attempt=1,
+                           trace_id="")
+    outcome = Outcome.succeeded(held, "null", duration_ms=1500)
     metrics.on_settle(outcome, False)
     samples = parse(exposition(metrics.registry))
     assert value(samples, "pgjobs_lost_settlements_total", task="tests.ok") == 1

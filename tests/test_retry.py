@@ -60,7 +60,7 @@ def test_transient_failures_retry_until_attempts_run_out() -> None:
     decision = decide(FailureClass.TRANSIENT, attempts=2, max_attempts=3, created_at=NOW,
                       deadline=None, now=NOW)
     assert decision.status == JobStatus.RETRYING and decision.delay_seconds is not None
-    assert decision.attempts_delta == 0
+    assert decision.counts_attempt is True
     last = decide(FailureClass.TRANSIENT, attempts=3, max_attempts=3, created_at=NOW,
                   deadline=None, now=NOW)
     assert (last.status, last.terminal_reason) == (JobStatus.DEAD,
@@ -92,7 +92,7 @@ def test_unknown_task_retries_without_using_attempts_within_the_deploy_window(se
     settings.PGJOBS_UNKNOWN_TASK_RETRY_SECONDS = 600
     inside = decide(FailureClass.UNKNOWN_TASK, attempts=50, max_attempts=3, created_at=NOW,
                     deadline=None, now=NOW + timedelta(seconds=599))
-    assert inside.status == JobStatus.RETRYING and inside.attempts_delta == -1
+    assert inside.status == JobStatus.RETRYING and inside.counts_attempt is False
     assert 0 < inside.delay_seconds <= 60
     after = decide(FailureClass.UNSUPPORTED_VERSION, attempts=1, max_attempts=3, created_at=NOW,
                    deadline=None, now=NOW + timedelta(seconds=600))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -10,9 +11,9 @@ from django.utils import timezone
 
 import django_pgjobs
 from django_pgjobs.models import Attempt, Job
+from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
 from django_pgjobs.transitions import (
-    Outcome,
     cancel_jobs,
     claim_jobs,
     dead_letter_jobs,
@@ -29,9 +30,8 @@ pytestmark = pytest.mark.django_db
 
 
 def succeeded(job, token) -> Outcome:
-    return Outcome(job.id, token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
-                   terminal_reason=TerminalReason.SUCCEEDED, result_json='{"ok": true}',
-                   duration_ms=5)
+    outcome = Outcome.succeeded(job, '{"ok": true}', duration_ms=5)
+    return replace(outcome, lease_token=token)  # a report under the given (maybe forged) token
 
 
 def expire_lease(job_id: int) -> None:
@@ -212,7 +212,7 @@ def test_promote_makes_due_jobs_ready_and_leaves_future_ones() -> None:
 def test_release_hands_a_job_back_without_using_an_attempt() -> None:
     JobFactory()
     [c] = claim_jobs("w1", "default", 1)
-    assert settle([Outcome.release(c, "worker stopping")]) == {c.lease_token: True}
+    assert settle([Outcome.released(c, "worker stopping")]) == {c.lease_token: True}
     job = Job.objects.get(pk=c.id)
     assert (job.status, job.attempts, job.lease_token) == (JobStatus.READY, 0, None)
     assert Attempt.objects.get(lease_token=c.lease_token).outcome == AttemptOutcome.RELEASED
@@ -245,3 +245,75 @@ def test_a_running_job_without_a_lease_is_refused_by_the_database() -> None:
         Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)
     with pytest.raises(IntegrityError, match="pgjobs_job_priority_range"), transaction.atomic():
         Job.objects.filter(pk=job.pk).update(priority=500)
+
+
+@pytest.mark.parametrize(("outcome", "status"), [
+    (AttemptOutcome.RELEASED, JobStatus.DEAD),
+    (AttemptOutcome.SUCCEEDED, JobStatus.READY),
+    (AttemptOutcome.FAILED, JobStatus.SUCCEEDED),
+    (AttemptOutcome.LOST, JobStatus.READY),
+    (AttemptOutcome.RUNNING, JobStatus.RUNNING),
+    (AttemptOutcome.SNOOZED, JobStatus.CANCELLED),
+])
+def test_settle_refuses_an_outcome_that_is_not_a_way_out_of_running(outcome, status) -> None:
+    JobFactory()
+    [c] = claim_jobs("w1", "default", 1)
+    forged = replace(Outcome.released(c, "x"), attempt_outcome=outcome, status=status)
+    with CaptureQueriesContext(connection) as queries, pytest.raises(
+        ValueError, match=f"attempt outcome '{outcome.value}' cannot send a running job to "
+                          f"'{status.value}'"):
+        settle([Outcome.succeeded(c, "null", 1), forged])
+    assert queries.captured_queries == []  # refused before anything was sent
+    assert Job.objects.get(pk=c.id).status == JobStatus.RUNNING
+
+
+def test_every_named_constructor_builds_a_way_out_of_running() -> None:
+    from django_pgjobs.outcomes import WAYS_OUT
+    from django_pgjobs.retry import Decision
+
+    JobFactory()
+    [c] = claim_jobs("w1", "default", 1)
+    built = [
+        Outcome.succeeded(c, "null", 1),
+        Outcome.failed(c, FailureClass.TRANSIENT,
+                       Decision(JobStatus.RETRYING, 1.0, ""), error="e"),
+        Outcome.failed(c, FailureClass.PERMANENT,
+                       Decision(JobStatus.DEAD, None, TerminalReason.PERMANENT_ERROR), error="e"),
+        Outcome.failed(c, FailureClass.LEASE_EXPIRED,
+                       Decision(JobStatus.RETRYING, 1.0, ""), error="e"),
+        Outcome.failed(c, FailureClass.LEASE_EXPIRED,
+                       Decision(JobStatus.DEAD, None, TerminalReason.ATTEMPTS_EXHAUSTED),
+                       error="e"),
+        Outcome.dead(c, TerminalReason.SNOOZE_LIMIT, "e"),
+        Outcome.snoozed(c, 5.0, 1),
+        Outcome.snoozed(c, 0.0, 1),
+        Outcome.released(c, "stopping"),
+    ]
+    assert [o.problem() for o in built] == [None] * len(built)
+    assert {(o.attempt_outcome, o.status) for o in built} == {
+        (outcome, status) for outcome, statuses in WAYS_OUT.items() for status in statuses
+    }
+
+
+def test_a_claim_is_read_by_column_names_not_positions() -> None:
+    from django_pgjobs.claimed import claimed_jobs
+
+    JobFactory(payload={"n": 1}, priority=3, trace_id="t-1")
+    [c] = claim_jobs("w1", "default", 1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT run_at_us, queue, id, task, payload, payload_version, attempts AS attempt, "
+            "max_attempts, snoozes, deadline_us, lease_seconds, lease_token, "
+            "lease_expires_at_us, trace_id, priority, created_at_us FROM ("
+            "SELECT *, (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, "
+            "(extract(epoch FROM lease_expires_at) * 1000000)::int8 AS lease_expires_at_us, "
+            "(extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us, "
+            "(extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us "
+            "FROM pgjobs_job WHERE id = %s) AS j", [c.id])
+        columns = [d.name for d in cursor.description]
+        [again] = claimed_jobs(columns, cursor.fetchall())
+    fields = ("id", "task", "payload", "attempt", "priority", "trace_id", "queue", "lease_token",
+              "lease_expires_at", "deadline", "created_at", "run_at")
+    assert {f: getattr(again, f) for f in fields} == {f: getattr(c, f) for f in fields}
+    with pytest.raises(LookupError, match=r"lacks column\(s\) trace_id$"):
+        claimed_jobs([name for name in columns if name != "trace_id"], [])

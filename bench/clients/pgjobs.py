@@ -13,8 +13,9 @@ from bench.clients.timing import alternate, pickup_latencies
 from bench.harness import percentile
 from django_pgjobs import JobSpec, enqueue, enqueue_many
 from django_pgjobs.models import Job
-from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
-from django_pgjobs.transitions import Outcome, claim_jobs, settle
+from django_pgjobs.outcomes import Outcome
+from django_pgjobs.status import JobStatus
+from django_pgjobs.transitions import claim_jobs, settle
 
 
 def reset() -> dict[str, Any]:
@@ -128,8 +129,7 @@ def _copy_finished(template_id: int, rows: int) -> None:
 
 def _succeed(jobs: list[Any]) -> None:
     settle([
-        Outcome(j.id, j.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
-                terminal_reason=TerminalReason.SUCCEEDED, result_json="null")
+        Outcome.succeeded(j, "null", 0)
         for j in jobs
     ])
 

@@ -27,14 +27,14 @@ WITH candidates AS (
            '', '', '', ''
     FROM claimed
 )
--- Times as whole microseconds since the epoch: exact, and the worker turns an integer into a
--- datetime for a fraction of what parsing timestamptz text through the time-zone loader
--- costs, four times a job.
-SELECT id, task, payload_version, payload, attempts, max_attempts, snoozes,
-       (extract(epoch FROM deadline) * 1000000)::int8, lease_seconds, lease_token,
-       (extract(epoch FROM lease_expires_at) * 1000000)::int8, trace_id, queue, priority,
-       (extract(epoch FROM created_at) * 1000000)::int8,
-       (extract(epoch FROM run_at) * 1000000)::int8
+-- The result's columns are named after the fields of claimed.ClaimedJob, which reads them by
+-- name. Times as whole microseconds since the epoch (the _us columns): exact, and the worker
+-- turns an integer into a datetime for a fraction of what parsing timestamptz text costs.
+SELECT id, task, payload_version, payload, attempts AS attempt, max_attempts, snoozes,
+       (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, lease_seconds,
+       lease_token, (extract(epoch FROM lease_expires_at) * 1000000)::int8 AS lease_expires_at_us,
+       trace_id, queue, priority, (extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us,
+       (extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us
 FROM claimed
 ORDER BY priority DESC, run_at, id
 
@@ -43,20 +43,22 @@ ORDER BY priority DESC, run_at, id
 -- running under the reported lease token; an outcome whose token no longer matches is written
 -- to its own attempt as 'lost' and nowhere else.
 WITH reported AS (
-    -- The batch arrives as one JSON array of positional reports (see transitions.settle).
-    SELECT (e->>0)::bigint AS id, (e->>1)::uuid AS token, e->>2 AS status,
-           e->>3 AS attempt_outcome, (e->>4)::float8 AS delay_seconds,
-           (e->>5)::int AS attempts_delta, (e->>6)::int AS snoozes_delta,
-           e->>7 AS failure_class, e->>8 AS terminal_reason, e->>9 AS error,
-           e->>10 AS traceback, e->>11 AS result, (e->>12)::int AS duration_ms
-    FROM jsonb_array_elements(%s::jsonb) AS e
+    -- The batch arrives as one JSON array of objects keyed by these columns, which are the
+    -- fields of outcomes.Outcome of the same names (transitions.settle builds them).
+    SELECT *
+    FROM jsonb_to_recordset(%s::jsonb) AS r(
+        job_id bigint, lease_token uuid, status text, attempt_outcome text,
+        delay_seconds float8, counted boolean, adds_snooze boolean, failure_class text,
+        terminal_reason text, error text, traceback text, result_json text, duration_ms int
+    )
 ), settled AS (
     UPDATE pgjobs_job AS j
     SET status = r.status,
         run_at = CASE WHEN r.delay_seconds IS NULL THEN j.run_at
                       ELSE now() + make_interval(secs => r.delay_seconds) END,
-        attempts = j.attempts + r.attempts_delta,
-        snoozes = j.snoozes + r.snoozes_delta,
+        -- The claim counted the attempt; an outcome that does not count it gives it back.
+        attempts = j.attempts - CASE WHEN r.counted THEN 0 ELSE 1 END,
+        snoozes = j.snoozes + CASE WHEN r.adds_snooze THEN 1 ELSE 0 END,
         lease_owner = NULL,
         lease_token = NULL,
         lease_expires_at = NULL,
@@ -64,29 +66,29 @@ WITH reported AS (
                              ELSE r.failure_class END,
         terminal_reason = r.terminal_reason,
         last_error = CASE WHEN r.error = '' THEN j.last_error ELSE r.error END,
-        result = r.result::jsonb,
+        result = r.result_json::jsonb,
         finished_at = CASE WHEN r.status IN ('succeeded', 'dead', 'cancelled') THEN now() END,
         updated_at = now()
     FROM reported AS r
-    WHERE j.id = r.id AND j.lease_token = r.token AND j.status = 'running'
-    RETURNING r.token
+    WHERE j.id = r.job_id AND j.lease_token = r.lease_token AND j.status = 'running'
+    RETURNING r.lease_token
 )
 -- Matched on the token, not the job: one batch can hold a stale report and the winning report
 -- for the same job (a handler ran past its lease and the retry finished before the flush).
 UPDATE pgjobs_attempt AS a
 SET finished_at = now(),
-    outcome = CASE WHEN s.token IS NULL THEN 'lost' ELSE r.attempt_outcome END,
+    outcome = CASE WHEN s.lease_token IS NULL THEN 'lost' ELSE r.attempt_outcome END,
     reported_outcome = r.attempt_outcome,
     failure_class = r.failure_class,
     error = r.error,
     traceback = r.traceback,
     duration_ms = r.duration_ms
 FROM reported AS r
-LEFT JOIN settled AS s ON s.token = r.token
+LEFT JOIN settled AS s ON s.lease_token = r.lease_token
 -- An attempt already settled stays as it is: a batch sent again after its reply was lost (the
--- connection dropped after the commit) must not turn a won report into a lost one.
-WHERE a.lease_token = r.token AND a.outcome IN ('running', 'lease_expired')
-RETURNING r.token, s.token IS NOT NULL
+-- connection dropped after the commit) must not turn an applied report into a lost one.
+WHERE a.lease_token = r.lease_token AND a.outcome IN ('running', 'lease_expired')
+RETURNING r.lease_token, s.lease_token IS NOT NULL AS applied
 
 -- name: extend_leases
 UPDATE pgjobs_job AS j
@@ -97,7 +99,7 @@ FROM unnest(%s::bigint[], %s::uuid[]) AS h(id, token)
 WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'running'
 RETURNING j.id, j.lease_expires_at, j.cancel_requested_at IS NOT NULL
 
--- name: promote_due
+-- name: promote_due_jobs
 -- Scheduled and retrying jobs whose time has come become ready, oldest first, in one bounded
 -- batch; SKIP LOCKED lets several workers promote at once without waiting on each other.
 WITH due AS (

@@ -1,0 +1,261 @@
+"""The operator actions, as one table: each action's permission, form, plan and transition.
+
+An action first shows a plan (what will change, what will not, and why) on a confirmation page;
+the confirming POST applies its transition from ``transitions.py``, which guards every row by
+state and writes the audit row in the same transaction. Adding an action is adding an entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django import forms
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from .. import transitions
+from ..models import IdempotencyReceipt, Job
+from ..status import RETRYABLE_STATUSES, TERMINAL_STATUSES, WAITING_STATUSES, JobStatus
+from .display import is_are, jobs_text, states_text
+
+# The most jobs one action may touch: their ids travel in the confirmation page.
+ACTION_MAX_JOBS = 10_000
+RECEIPTS_SHOWN = 50
+
+
+# --- forms ----------------------------------------------------------------------------------------
+
+
+class ReasonForm(forms.Form):
+    def __init__(self, *args: Any, jobs: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.jobs = jobs
+
+    reason = forms.CharField(
+        required=False, max_length=1000, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        help_text="Recorded in the audit trail with your name.",
+    )
+
+
+class DeadLetterForm(ReasonForm):
+    reason = forms.CharField(
+        required=True, max_length=1000, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        help_text="Required. Stored as the jobs' last error and in the audit trail.",
+    )
+
+
+class ReplayForm(ReasonForm):
+    KEEP, NEW, NONE = "keep", "new", "none"
+    key_choice = forms.ChoiceField(
+        label="Idempotency key", widget=forms.RadioSelect,
+        choices=[
+            (KEEP, "Keep it: the key moves from the original to the replay, so a later "
+                   "enqueue with that key returns the replay."),
+            (NEW, "Change it to the new key below (one job only)."),
+            (NONE, "No key: the original keeps its key, so a later enqueue with it still "
+                   "returns the original and does not run again."),
+        ],
+    )
+    new_key = forms.CharField(required=False, max_length=255, label="New key")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("key_choice") == self.NEW:
+            if self.jobs != 1:
+                raise forms.ValidationError("A new key can be given to one replay at a time.")
+            if not data.get("new_key", "").strip():
+                raise forms.ValidationError("Type the new idempotency key.")
+        return data
+
+
+# --- plans ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What an action will do, said before it is done."""
+
+    title: str
+    changes: list[str]
+    unchanged: list[str]
+    notes: list[str] = field(default_factory=list)
+    receipts: list[tuple[str, str]] = field(default_factory=list)
+
+
+def status_counts(ids: Sequence[int]) -> dict[str, int]:
+    rows = Job.objects.filter(pk__in=ids).values_list("status").annotate(n=Count("id"))
+    return dict(rows)
+
+
+def retry_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
+    n, states = states_text(counts, RETRYABLE_STATUSES)
+    k, others = states_text(counts, set(JobStatus.values) - set(RETRYABLE_STATUSES))
+    changes = [
+        f"{jobs_text(n)} ({states}) will go back to ready now, with attempts reset to 0 and a "
+        "fresh max age." if n else "No selected job is dead or cancelled: nothing will change."
+    ]
+    unchanged = (
+        [f"{jobs_text(k)} ({others}) {is_are(k)} not dead or cancelled and will not change."]
+        if k else []
+    )
+    notes = ["Idempotency receipts are kept: a side effect these jobs completed under a receipt "
+             "will not repeat."]
+    return Plan("Retry jobs", changes, unchanged, notes)
+
+
+def cancel_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
+    already_asked = Job.objects.filter(
+        pk__in=ids, status=JobStatus.RUNNING, cancel_requested_at__isnull=False
+    ).count()
+    n, states = states_text(counts, WAITING_STATUSES)
+    running = counts.get(JobStatus.RUNNING, 0) - already_asked
+    k, finished = states_text(counts, TERMINAL_STATUSES)
+    changes = []
+    if n:
+        changes.append(f"{jobs_text(n)} ({states}) will be cancelled now and will not run.")
+    if running:
+        changes.append(
+            f"{jobs_text(running)} (running) will be asked to stop. A handler sees the request "
+            "as ctx.cancel_requested after its next heartbeat and decides how to stop; its "
+            "worker still settles the job. A handler without heartbeats, or that ignores the "
+            "request, runs to its end."
+        )
+    if not changes:
+        changes.append("No selected job is waiting or running: nothing will change.")
+    unchanged = []
+    if already_asked:
+        was = "was" if already_asked == 1 else "were"
+        unchanged.append(f"{jobs_text(already_asked)} (running) {was} already asked to stop.")
+    if k:
+        unchanged.append(f"{jobs_text(k)} ({finished}) {is_are(k)} finished and will not "
+                         "change.")
+    return Plan("Cancel jobs", changes, unchanged)
+
+
+def dead_letter_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
+    n, states = states_text(counts, WAITING_STATUSES)
+    k, others = states_text(counts, set(JobStatus.values) - set(WAITING_STATUSES))
+    changes = [
+        f"{jobs_text(n)} ({states}) will move to dead now with the reason below; an operator "
+        "can retry them later." if n else "No selected job is waiting: nothing will change."
+    ]
+    unchanged = [
+        f"{jobs_text(k)} ({others}) will not change: running jobs are left to their workers, "
+        "finished jobs stay as they are."
+    ] if k else []
+    return Plan("Dead-letter jobs", changes, unchanged)
+
+
+def replay_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
+    finished = list(
+        Job.objects.filter(pk__in=ids, status__in=TERMINAL_STATUSES).values_list("id", flat=True)
+    )
+    receipts = list(
+        IdempotencyReceipt.objects.filter(job_id__in=finished).order_by("id")[
+            : RECEIPTS_SHOWN + 1]
+    )
+    n, states = states_text(counts, TERMINAL_STATUSES)
+    k, others = states_text(counts, set(JobStatus.values) - set(TERMINAL_STATUSES))
+    again = "a new job" if n == 1 else f"{n} new jobs"
+    changes = [
+        f"{jobs_text(n)} ({states}) will be enqueued again as {again} with the same payload, "
+        "queue, priority and limits; the originals do not change (except that keeping the key "
+        "moves it)." if n else "No selected job is finished: nothing will be replayed."
+    ]
+    unchanged = [
+        f"{jobs_text(k)} ({others}) {is_are(k)} not finished and will not be replayed: retry "
+        "or cancel instead."
+    ] if k else []
+    notes = [
+        "Receipts are taken by the handler under a scope and key it computes; the job's "
+        "idempotency key does not choose them, so this choice does not change which receipts "
+        "protect the replay. A receipt protects it only if the handler computes the same scope "
+        "and key from the payload (not from the job id, which is new) and the receipt has not "
+        "expired when the replay runs."
+    ]
+    now = timezone.now()
+    shown = []
+    for receipt in receipts[:RECEIPTS_SHOWN]:
+        if receipt.expires_at <= now:
+            verdict = f"will not protect it: expired at {receipt.expires_at:%Y-%m-%d %H:%M:%S}"
+        else:
+            verdict = (
+                f"protects it until {receipt.expires_at:%Y-%m-%d %H:%M:%S} if the handler "
+                "computes the same key"
+            )
+        shown.append((f"{receipt.scope}:{receipt.key} (job {receipt.job_id})", verdict))
+    if not receipts:
+        notes.append("The selected jobs wrote no receipts: nothing protects their side effects "
+                     "from repeating.")
+    elif len(receipts) > RECEIPTS_SHOWN:
+        notes.append(f"Only the first {RECEIPTS_SHOWN} receipts are listed.")
+    return Plan("Replay jobs", changes, unchanged, notes, shown)
+
+
+# --- applying -------------------------------------------------------------------------------------
+
+
+def apply_retry(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
+    n = transitions.retry_jobs(ids, actor=actor, reason=_reason(data))
+    return f"Retried {jobs_text(n)}: ready now with a fresh attempt budget."
+
+
+def apply_cancel(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
+    cancelled, asked = transitions.cancel_jobs(ids, actor=actor, reason=_reason(data))
+    return f"Cancelled {jobs_text(cancelled)}; asked {jobs_text(asked)} (running) to stop."
+
+
+def apply_dead_letter(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
+    n = transitions.dead_letter_jobs(ids, _reason(data), actor=actor)
+    return f"Moved {jobs_text(n)} to dead."
+
+
+def apply_replay(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
+    key: str | object | None = {
+        ReplayForm.KEEP: transitions.KEEP_KEY, ReplayForm.NONE: None,
+    }.get(data["key_choice"], data.get("new_key", "").strip())
+    originals = list(Job.objects.filter(pk__in=ids, status__in=TERMINAL_STATUSES).order_by("id"))
+    # All or none: a key that turns out to be taken rolls back the replays before it.
+    with transaction.atomic():
+        replays = [
+            transitions.replay_job(job, idempotency_key=key, actor=actor, reason=_reason(data))
+            for job in originals
+        ]
+    made = ", ".join(f"{o.pk} → {r.pk}" for o, r in zip(originals, replays, strict=True))
+    return f"Replayed {jobs_text(len(replays))} as new jobs ({made})." if replays else (
+        "No selected job is finished: nothing was replayed."
+    )
+
+
+def _reason(data: dict[str, Any]) -> str:
+    return str(data.get("reason", "")).strip()
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Action:
+    """One operator action: who may run it, what it asks, what it says, what it does."""
+
+    name: str  # the admin action's name (the <select>'s value)
+    permission: str  # the JobAdmin's has_<permission>_permission decides
+    description: str
+    form: type[ReasonForm]
+    plan: Callable[[Sequence[int], dict[str, int]], Plan]
+    apply: Callable[[list[int], dict[str, Any], transitions.Actor], str]
+
+
+ACTIONS: dict[str, Action] = {a.name: a for a in (
+    Action("retry_selected", "retry", "Retry selected dead or cancelled jobs", ReasonForm,
+           retry_plan, apply_retry),
+    Action("replay_selected", "replay", "Replay selected finished jobs as new jobs", ReplayForm,
+           replay_plan, apply_replay),
+    Action("cancel_selected", "cancel", "Cancel selected jobs", ReasonForm, cancel_plan,
+           apply_cancel),
+    Action("dead_letter_selected", "deadletter", "Dead-letter selected waiting jobs",
+           DeadLetterForm, dead_letter_plan, apply_dead_letter),
+)}

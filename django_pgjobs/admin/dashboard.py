@@ -1,0 +1,121 @@
+"""The operations dashboard: ``stats.snapshot()`` arranged for the admin page.
+
+Everything is rendered on the server; the throughput chart is an inline SVG built here, so the
+page needs no JavaScript and no asset build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from django.db import DEFAULT_DB_ALIAS
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .. import stats
+from ..status import JobStatus
+from .display import duration_text
+
+CHART_WIDTH = 720
+CHART_HEIGHT = 200
+CHART_MARGIN = 36  # room for the axis labels
+COUNTED_STATUSES = (JobStatus.READY, JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.RETRYING,
+                    JobStatus.DEAD)
+
+
+@dataclass(frozen=True)
+class Cell:
+    count: int
+    url: str
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    queue: str
+    cells: list[Cell]
+    oldest_ready: str
+    policy: str
+    healthy: bool
+
+
+def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """The template context of the dashboard page."""
+    snap = stats.snapshot(using=using)
+    changelist = reverse("admin:pgjobs_job_changelist")
+    rows = [
+        QueueRow(
+            queue=q.queue,
+            cells=[
+                Cell(q.count(s), f"{changelist}?{_filter(q.queue, s)}") for s in COUNTED_STATUSES
+            ],
+            oldest_ready="-" if q.oldest_ready_age_seconds is None
+            else duration_text(q.oldest_ready_age_seconds),
+            policy="none" if q.backlog_max_age_seconds is None
+            else duration_text(q.backlog_max_age_seconds),
+            healthy=q.healthy,
+        )
+        for q in snap.queues
+    ]
+    total_attempts = sum(b.count for b in snap.attempts) or 1
+    return {
+        "snapshot": snap,
+        "statuses": [s.label for s in COUNTED_STATUSES],
+        "queue_rows": rows,
+        "attempt_rows": [
+            (b.number, b.count, round(100 * b.count / total_attempts)) for b in snap.attempts
+        ],
+        "failure_totals": sorted(snap.failures_by_class().items(), key=lambda kv: -kv[1]),
+        "throughput_svg": throughput_svg(snap.throughput),
+        "throughput_total": sum(p.succeeded + p.dead for p in snap.throughput),
+        "recent_hours": round(snap.windows.get("recent_seconds", 0) / 3600),
+        "latency_minutes": round(snap.windows.get("latency_window_seconds", 0) / 60),
+    }
+
+
+def _filter(queue: str, status: str) -> str:
+    return urlencode({"queue": queue, "status__exact": status})
+
+
+def throughput_svg(points: Sequence[stats.ThroughputPoint]) -> SafeString:
+    """Jobs finished per minute as stacked bars (succeeded under dead), as an inline SVG."""
+    width, height, margin = CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN
+    plot_w, plot_h = width - 2 * margin, height - 2 * margin
+    peak = max((p.succeeded + p.dead for p in points), default=0)
+    scale = plot_h / peak if peak else 0.0
+    slot = plot_w / max(len(points), 1)
+    bars = []
+    for i, p in enumerate(points):
+        x = margin + i * slot
+        ok_h, dead_h = p.succeeded * scale, p.dead * scale
+        label = f"{p.minute:%H:%M}: {p.succeeded} succeeded, {p.dead} dead"
+        bars.append((f"{x:.1f}", f"{margin + plot_h - ok_h:.1f}", f"{max(slot - 1, 1):.1f}",
+                     f"{ok_h:.1f}", "pgjobs-ok", label))
+        if p.dead:
+            bars.append((f"{x:.1f}", f"{margin + plot_h - ok_h - dead_h:.1f}",
+                         f"{max(slot - 1, 1):.1f}", f"{dead_h:.1f}", "pgjobs-dead", label))
+    ticks = [
+        (f"{margin + i * slot:.1f}", f"{height - margin + 14}", f"{p.minute:%H:%M}")
+        for i, p in enumerate(points) if i % 10 == 0
+    ]
+    return format_html(
+        '<svg xmlns="http://www.w3.org/2000/svg" id="pgjobs-throughput" role="img" '
+        'width="{w}" height="{h}" viewBox="0 0 {w} {h}" aria-label="{aria}">'
+        '<line x1="{m}" y1="{base}" x2="{right}" y2="{base}" stroke="currentColor"/>'
+        '<text x="{m}" y="{top_label}" font-size="11">{peak} per minute</text>'
+        "{bars}{ticks}</svg>",
+        w=width, h=height, m=margin, base=margin + plot_h, right=width - margin,
+        top_label=margin - 8, peak=peak,
+        aria=f"Jobs finished per minute over the last {len(points)} minutes, peak {peak}",
+        bars=format_html_join(
+            "", '<rect x="{}" y="{}" width="{}" height="{}" class="{}"><title>{}</title></rect>',
+            bars,
+        ),
+        ticks=format_html_join("", '<text x="{}" y="{}" font-size="10">{}</text>', ticks),
+    )
+
+
+__all__ = ["dashboard_context", "throughput_svg"]

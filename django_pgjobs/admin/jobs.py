@@ -1,0 +1,341 @@
+"""The job admin: the list, the detail page, the raw payload, the dashboard and the actions.
+
+Nothing here writes a job: every action confirms what it will do, then calls its operator
+transition (``actions.ACTIONS``). Payloads, results, errors and tracebacks are shown redacted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db import connections
+from django.db.models import Q, QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    JsonResponse,
+)
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from .. import sql, transitions
+from ..models import Attempt, Job, OperatorAction
+from ..registry import redactor_for
+from .actions import ACTION_MAX_JOBS, ACTIONS, Action, status_counts
+from .base import ReadOnlyAdmin
+from .dashboard import dashboard_context
+from .display import (
+    attempt_error_html,
+    duration_text,
+    exact_id,
+    preview,
+    pretty,
+    searchable,
+)
+from .filters import QueueFilter, TaskFilter
+
+
+def _actor(request: HttpRequest) -> transitions.Actor:
+    return transitions.Actor.of(request.user)
+
+
+def _parse_ids(text: str) -> list[int]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    ids = {exact_id(part) for part in parts}
+    if None in ids:
+        raise PermissionDenied("malformed job ids")
+    return sorted(i for i in ids if i is not None)
+
+
+def operator_action(action: Action) -> Any:
+    """The admin action of one entry of ``ACTIONS``: it asks, then confirms and applies."""
+
+    def run(modeladmin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> Any:
+        return modeladmin.confirm(request, queryset, action)
+
+    run.__name__ = action.name
+    return admin.action(permissions=[action.permission], description=action.description)(run)
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    fk_name = "job"
+    extra = 0
+    max_num = 0
+    can_delete = False
+    ordering = ("number",)
+    fields = ("number", "worker_id", "outcome", "failure_class", "duration", "claimed_at",
+              "finished_at", "error_shown")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Attempt]:
+        # The job is needed to scrub its payload's secrets out of each error.
+        return super().get_queryset(request).select_related("job")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("pgjobs.view_job")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="duration")
+    def duration(self, attempt: Attempt) -> str:
+        return "-" if attempt.duration_ms is None else f"{attempt.duration_ms} ms"
+
+    @admin.display(description="error")
+    def error_shown(self, attempt: Attempt) -> str:
+        return attempt_error_html(attempt, attempt.job)
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = ("id", "task", "queue", "status", "attempts_used", "age", "lease",
+                    "failure_class", "payload_preview")
+    list_filter = ("status", QueueFilter, TaskFilter, "failure_class")
+    search_fields = ("=id", "=idempotency_key", "=trace_id")
+    search_help_text = "Exact job id, idempotency key or trace id."
+    ordering = ("-id",)
+    inlines = [AttemptInline]
+    actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
+    readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history")
+    fieldsets = (
+        (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "failure_class",
+                           "priority", "base_priority")}),
+        ("Payload (redacted)", {"fields": ("payload_shown", "payload_version", "result_shown")}),
+        ("Last error (redacted)", {"fields": ("error_shown",)}),
+        ("Attempts and times", {"fields": ("attempts", "max_attempts", "snoozes", "run_at",
+                                           "deadline", "created_at", "started_at", "finished_at",
+                                           "updated_at")}),
+        ("Lease", {"fields": ("lease_owner", "lease_token", "lease_seconds", "lease_expires_at",
+                              "heartbeat_at", "cancel_requested_at")}),
+        ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key")}),
+        ("Operator actions", {"fields": ("operator_history",)}),
+    )
+
+    # --- permissions (ACTIONS names these) ---
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("pgjobs.retry_job")
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("pgjobs.replay_job")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("pgjobs.cancel_job")
+
+    def has_deadletter_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("pgjobs.deadletter_job")
+
+    def has_raw_payload_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request) and request.user.has_perm(
+            "pgjobs.view_raw_payload"
+        )
+
+    # --- list ---
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_used(self, job: Job) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, job: Job) -> str:
+        return duration_text((timezone.now() - job.created_at).total_seconds())
+
+    @admin.display(description="lease expiry", ordering="lease_expires_at")
+    def lease(self, job: Job) -> str:
+        if job.lease_expires_at is None:
+            return "-"
+        left = (job.lease_expires_at - timezone.now()).total_seconds()
+        return f"in {duration_text(left)}" if left >= 0 else f"expired {duration_text(-left)} ago"
+
+    @admin.display(description="payload (redacted)")
+    def payload_preview(self, job: Job) -> str:
+        return preview(redactor_for(job.task).payload(job.payload))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if not searchable(term):
+            return queryset.none(), False
+        # Exact matches only, each answered by an index: the primary key, the trace index, and
+        # the idempotency-key index probed once per task.
+        with connections[queryset.db].cursor() as cursor:
+            cursor.execute(sql.query("jobs_by_idempotency_key"), [term])
+            keyed = [row[0] for row in cursor.fetchall()]
+        condition = Q(trace_id=term) | Q(pk__in=keyed)
+        job_id = exact_id(term)
+        if job_id is not None:
+            condition |= Q(pk=job_id)
+        return queryset.filter(condition), False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if request.method == "POST":
+            # Django answers an action it does not offer with a "no action selected" message;
+            # a forged POST for an action this user may not run is refused outright.
+            allowed = self.get_actions(request)
+            if any(name and name not in allowed for name in request.POST.getlist("action")):
+                raise PermissionDenied
+        context = {"dashboard_url": reverse("admin:pgjobs_job_dashboard"), **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+    # --- detail ---
+
+    @admin.display(description="payload")
+    def payload_shown(self, job: Job) -> str:
+        return format_html("<pre>{}</pre>", pretty(redactor_for(job.task).payload(job.payload)))
+
+    @admin.display(description="result")
+    def result_shown(self, job: Job) -> str:
+        if job.result is None:
+            return "-"
+        return format_html("<pre>{}</pre>", pretty(redactor_for(job.task).payload(job.result)))
+
+    @admin.display(description="last error")
+    def error_shown(self, job: Job) -> str:
+        text = redactor_for(job.task).text(job.last_error, job.payload)
+        return format_html("<pre>{}</pre>", text) if text else "-"
+
+    @admin.display(description="history")
+    def operator_history(self, job: Job) -> str:
+        actions = OperatorAction.objects.filter(job_ids__contains=[job.pk]).order_by("-id")[:20]
+        rows = [
+            (a.created_at.strftime("%Y-%m-%d %H:%M:%S"), a.get_action_display(),
+             a.actor_name or "(code)", a.reason or "")
+            for a in actions
+        ]
+        if not rows:
+            return "-"
+        return format_html(
+            "<ul>{}</ul>", format_html_join("", "<li>{} {} by {} {}</li>", rows)
+        )
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {"can_view_raw_payload": self.has_raw_payload_permission(request),
+                   **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, context)
+
+    def get_urls(self) -> list[URLPattern]:
+        site = self.admin_site
+        return [
+            path("dashboard/", site.admin_view(self.dashboard_view),
+                 name="pgjobs_job_dashboard"),
+            path("<path:object_id>/raw-payload/", site.admin_view(self.raw_payload_view),
+                 name="pgjobs_job_raw_payload"),
+            *super().get_urls(),
+        ]
+
+    def raw_payload_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Show one job's unredacted payload and result; the look is audited.
+
+        A GET (or HEAD) only asks; the payload is shown on the POST that answers, under the
+        CSRF check, so a link from elsewhere or a prefetch cannot write audit rows.
+        """
+        if not self.has_raw_payload_permission(request):
+            raise PermissionDenied
+        if request.method not in ("GET", "HEAD", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        job = self.get_object(request, object_id)
+        if job is None:
+            raise Http404("no such job")
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request), "opts": self.opts, "job": job,
+            "title": f"Raw payload of job {job.pk}", "revealed": request.method == "POST",
+        }
+        if request.method == "POST":
+            transitions.record_raw_payload_view(job.pk, actor=_actor(request))
+            context["payload"] = pretty(job.payload)
+            context["result"] = None if job.result is None else pretty(job.result)
+        return TemplateResponse(request, "admin/pgjobs/job/raw_payload.html", context)
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The operations dashboard."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts,
+            "title": "Job queue dashboard", **dashboard_context(),
+        }
+        return TemplateResponse(request, "admin/pgjobs/job/dashboard.html", context)
+
+    # --- actions ---
+
+    @admin.action(permissions=["view"], description="Export selected jobs as JSON (redacted)")
+    def export_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse:
+        rows = []
+        for job in queryset.order_by("id")[:ACTION_MAX_JOBS]:
+            redactor = redactor_for(job.task)
+            rows.append({
+                "id": job.pk, "task": job.task, "queue": job.queue, "status": job.status,
+                "attempts": job.attempts, "max_attempts": job.max_attempts,
+                "failure_class": job.failure_class, "terminal_reason": job.terminal_reason,
+                "idempotency_key": job.idempotency_key, "trace_id": job.trace_id,
+                "created_at": job.created_at, "finished_at": job.finished_at,
+                "payload": redactor.payload(job.payload),
+                "result": redactor.payload(job.result),
+                "last_error": redactor.text(job.last_error, job.payload),
+            })
+        response = JsonResponse({"jobs": rows}, json_dumps_params={"indent": 2})
+        response["Content-Disposition"] = 'attachment; filename="pgjobs-jobs.json"'
+        return response
+
+    def confirm(
+        self, request: HttpRequest, queryset: QuerySet[Job], action: Action
+    ) -> HttpResponse | None:
+        """Show what ``action`` will do; on the confirming POST, do it and return None."""
+        if action.name not in self.get_actions(request):
+            raise PermissionDenied
+        confirming = request.POST.get("pgjobs_confirm") == "yes"
+        if confirming:
+            # Ids of jobs that do not exist (pruned since the confirmation page, or forged) are
+            # dropped here, so the audit row names only jobs the action could have touched.
+            requested = _parse_ids(request.POST.get("pgjobs_ids", ""))[: ACTION_MAX_JOBS + 1]
+            ids = requested if len(requested) > ACTION_MAX_JOBS else list(
+                Job.objects.filter(pk__in=requested).order_by("id").values_list("id", flat=True)
+            )
+        else:
+            ids = list(queryset.order_by("id").values_list("id", flat=True)[: ACTION_MAX_JOBS + 1])
+        if len(ids) > ACTION_MAX_JOBS:
+            self.message_user(request, f"Select at most {ACTION_MAX_JOBS} jobs for one action "
+                              "(narrow the filter).", messages.ERROR)
+            return None
+        if not ids:
+            self.message_user(request, "No job selected.", messages.WARNING)
+            return None
+        form = action.form(request.POST if confirming else None, jobs=len(ids))
+        if confirming and form.is_valid():
+            try:
+                text = action.apply(ids, form.cleaned_data, _actor(request))
+            except ValueError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                return None
+            self.message_user(request, text, messages.SUCCESS)
+            return None
+        plan = action.plan(ids, status_counts(ids))
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts, "title": plan.title,
+            "plan": plan, "form": form, "action": action.name, "ids": ",".join(map(str, ids)),
+            "first_id": ids[0], "selected": len(ids),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/pgjobs/job/confirm_action.html", context)

@@ -1,0 +1,96 @@
+"""The record admins: attempts, idempotency receipts and the audit trail, read-only."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from ..models import Attempt, IdempotencyReceipt, OperatorAction
+from ..registry import redactor_for
+from .base import ReadOnlyAdmin
+from .display import attempt_error_html, exact_id, pretty, searchable
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "job_link", "task", "number", "worker_id", "outcome", "failure_class",
+                    "duration", "claimed_at")
+    list_filter = ("outcome", "failure_class")
+    list_select_related = ("job",)
+    search_fields = ("=job__id",)
+    search_help_text = "Exact job id."
+    ordering = ("-id",)
+    fields = ("job_link", "number", "worker_id", "lease_token", "claimed_at", "finished_at",
+              "outcome", "reported_outcome", "failure_class", "duration", "error_shown")
+    readonly_fields = ("job_link", "duration", "error_shown")
+
+    @admin.display(description="job", ordering="job_id")
+    def job_link(self, attempt: Attempt) -> str:
+        url = reverse("admin:pgjobs_job_change", args=[attempt.job_id])
+        return format_html('<a href="{}">{}</a>', url, attempt.job_id)
+
+    @admin.display(description="task")
+    def task(self, attempt: Attempt) -> str:
+        return attempt.job.task
+
+    @admin.display(description="duration")
+    def duration(self, attempt: Attempt) -> str:
+        return "-" if attempt.duration_ms is None else f"{attempt.duration_ms} ms"
+
+    @admin.display(description="error (redacted)")
+    def error_shown(self, attempt: Attempt) -> str:
+        return attempt_error_html(attempt, attempt.job)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Attempt], search_term: str
+    ) -> tuple[QuerySet[Attempt], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        job_id = exact_id(term)
+        if job_id is None:
+            return queryset.none(), False
+        return queryset.filter(job_id=job_id), False
+
+
+@admin.register(IdempotencyReceipt)
+class IdempotencyReceiptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "scope", "key", "job_id", "created_at", "expires_at")
+    search_fields = ("=scope", "=key")
+    search_help_text = "Exact scope:key."
+    ordering = ("-id",)
+    fields = ("scope", "key", "job_id", "result_shown", "created_at", "expires_at")
+    readonly_fields = ("job_id", "result_shown")
+
+    @admin.display(description="result (redacted)")
+    def result_shown(self, receipt: IdempotencyReceipt) -> str:
+        return format_html("<pre>{}</pre>", pretty(redactor_for(None).payload(receipt.result)))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyReceipt], search_term: str
+    ) -> tuple[QuerySet[IdempotencyReceipt], bool]:
+        # scope:key answers from the unique index; a bare key would read the whole table.
+        term = search_term.strip()
+        scope, sep, key = term.partition(":")
+        if not term:
+            return queryset, False
+        if not sep or not searchable(term):
+            return queryset.none(), False
+        return queryset.filter(scope=scope, key=key), False
+
+
+@admin.register(OperatorAction)
+class OperatorActionAdmin(ReadOnlyAdmin):
+    list_display = ("id", "created_at", "actor_name", "action", "selected", "changed", "reason")
+    list_filter = ("action",)
+    ordering = ("-id",)
+    fields = ("created_at", "actor_name", "action", "reason", "selected", "changed",
+              "job_ids", "detail_shown")
+    readonly_fields = ("detail_shown",)
+
+    @admin.display(description="what changed")
+    def detail_shown(self, action: OperatorAction) -> str:
+        return format_html("<pre>{}</pre>", pretty(action.detail))

@@ -1,0 +1,77 @@
+"""The backend's OPTIONS and queue names: what is accepted, said as check messages."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+
+from ..conf import settings
+from ..exceptions import InvalidJobOption
+from ..validation import queue_problem
+from .compat import InvalidTask
+
+# OPTIONS keys that set the job options of every task the backend enqueues; OPTIONS["queues"]
+# maps a queue name to the same keys for that queue only.
+JOB_OPTIONS = ("max_attempts", "lease_seconds", "max_age_seconds")
+BACKEND_OPTIONS = (*JOB_OPTIONS, "database", "heartbeat", "queues")
+
+
+class InvalidTaskOption(InvalidTask, InvalidJobOption):
+    """A task refused by django-pgjobs' rules: Django's ``InvalidTask`` and our ``EnqueueError``."""
+
+
+def job_options(options: dict[str, Any], queue: str) -> dict[str, Any]:
+    """The enqueue options ``options`` (a backend's OPTIONS) give tasks of ``queue``."""
+    merged = {k: options[k] for k in JOB_OPTIONS if k in options}
+    merged.update(dict(options.get("queues", {})).get(queue, {}))
+    result: dict[str, Any] = {}
+    if "max_attempts" in merged:
+        result["max_attempts"] = merged["max_attempts"]
+    if "lease_seconds" in merged:
+        result["lease"] = timedelta(seconds=merged["lease_seconds"])
+    if "max_age_seconds" in merged:
+        result["max_age"] = timedelta(seconds=merged["max_age_seconds"])
+    return result
+
+
+def option_problems(options: dict[str, Any]) -> list[str]:
+    """What is wrong with a PgJobsBackend OPTIONS dict, one sentence each."""
+    problems = [f"OPTIONS has an unknown key {key!r} (known: {', '.join(BACKEND_OPTIONS)})."
+                for key in options if key not in BACKEND_OPTIONS]
+    if not isinstance(options.get("heartbeat", False), bool):
+        problems.append("OPTIONS['heartbeat'] must be True or False.")
+    if not isinstance(options.get("database", DEFAULT_DB_ALIAS), str):
+        problems.append("OPTIONS['database'] must be a database alias.")
+    queues = options.get("queues", {})
+    if not isinstance(queues, dict):
+        return [*problems, "OPTIONS['queues'] must map queue names to options."]
+    for where, values in [("OPTIONS", options), *((f"OPTIONS['queues'][{q!r}]", v)
+                                                   for q, v in queues.items())]:
+        if not isinstance(values, dict):
+            problems.append(f"{where} must be a dict.")
+            continue
+        if values is not options:
+            problems += [f"{where} has an unknown key {key!r} (known: {', '.join(JOB_OPTIONS)})."
+                         for key in values if key not in JOB_OPTIONS]
+        for key in JOB_OPTIONS:
+            value = values.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or value < 1 or (key == "max_attempts"
+                                                       and not isinstance(value, int))):
+                problems.append(f"{where}[{key!r}] must be a number >= 1"
+                                + (" (a whole number)." if key == "max_attempts" else "."))
+    return problems
+
+
+def task_queue_problem(queue: str) -> str | None:
+    problem = queue_problem(queue)
+    if problem is not None:
+        return f"Queue {queue!r} is not valid for backend: the queue {problem}."
+    declared = settings.QUEUES
+    if declared is not None and queue not in declared:
+        return f"Queue {queue!r} is not valid for backend: PGJOBS_QUEUES does not declare it."
+    return None
+
+

@@ -1,0 +1,171 @@
+"""The worker's side of a task: the handler that runs a ``Task`` and redacts its arguments."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from django.dispatch import Signal
+from django.utils import timezone
+from django.utils.connection import ConnectionDoesNotExist
+
+from ..conf import settings
+from ..context import JobContext
+from ..exceptions import EnqueueError, Permanent
+from ..redaction import Redactor
+from ..registry import Handler, redactor_for
+from .compat import (
+    BaseTaskBackend,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from .names import find_task, task_name
+from .results import load_result
+
+logger = logging.getLogger("django_pgjobs.backend")
+
+
+class TaskFailed(Exception):
+    """What Django's ``task_finished`` receiver logs for a failed task: the scrubbed error.
+
+    Django logs the exception being handled when the signal is sent; sending it while this one
+    is handled (rather than the task's own, whose message and frames may quote secrets) keeps
+    the log line as redacted as the stored error.
+    """
+
+
+def resolve_handler(name: str, may_import: bool = True) -> Handler | None:
+    """The handler that runs the django.tasks task ``name`` names, or None if it is not one."""
+    task = find_task(name, may_import)
+    if task is None:
+        return None
+    backend = _backend(task.backend)
+    options = backend.options if isinstance(backend, PgJobsBackend) else {}
+    heartbeat = options.get("heartbeat") is True
+    lease = timedelta(seconds=options.get("lease_seconds", settings.LEASE_SECONDS))
+    try:
+        return TaskHandler(task, heartbeat=heartbeat, lease=lease if heartbeat else None)
+    except EnqueueError:
+        return None
+
+
+class TaskHandler(Handler):
+    """The handler of a django.tasks ``Task``: runs it and redacts its arguments by name.
+
+    A task's payload is ``{"args": [...], "kwargs": {...}}``. Keyword arguments are hidden by
+    the key rule like any mapping key; a positional argument is hidden when the parameter it
+    binds to has a secret name, and ``@django_pgjobs.redact(...)`` paths name parameters.
+    """
+
+    def __init__(self, task: Task, **options: Any) -> None:
+        super().__init__(_runner(task), name=task_name(task), **options)
+        parameters = list(inspect.signature(task.func).parameters.values())
+        if task.takes_context:
+            parameters = parameters[1:]  # the context is not among the enqueued arguments
+        self.positional = tuple(p.name for p in parameters if p.kind in (
+            inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+        self.var_positional = next(
+            (p.name for p in parameters if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+        self.declared = tuple(getattr(task.func, "pgjobs_redact", ()))
+        self.redact_paths_for = self.argument_paths
+
+    def argument_paths(self, payload: Any, keys: tuple[str, ...]) -> list[str]:
+        """The paths that hide the secret arguments of this payload."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("args"), list):
+            return []
+        count = len(payload["args"])
+        names = Redactor(keys)
+        paths = [f"args[{i}]" for i, name in enumerate(self.positional[:count])
+                 if names.is_secret(name)]
+        if self.var_positional is not None and names.is_secret(self.var_positional):
+            paths += [f"args[{i}]" for i in range(len(self.positional), count)]
+        for path in self.declared:
+            paths.append(f"kwargs.{path}")
+            head, rest = re.match(r"([^.\[]*)(.*)", path).groups()  # type: ignore[union-attr]
+            if head in self.positional:
+                paths.append(f"args[{self.positional.index(head)}]{rest}")
+        return paths
+
+
+def _backend(alias: str) -> BaseTaskBackend | None:
+    from django.utils.connection import ConnectionDoesNotExist
+
+    try:
+        return task_backends[alias]
+    except (ConnectionDoesNotExist, KeyError, LookupError):
+        return None
+
+
+def _runner(task: Task) -> Any:
+    def run(ctx: JobContext, payload: Any) -> Any:
+        alias = str(payload.get("backend") or task.backend)
+        backend = _backend(alias)
+        sender = type(backend) if backend is not None else PgJobsBackend
+        running = load_result(str(ctx.job_id), default_backend=alias, using=ctx.using)
+        send_robust(task_started, sender, running)
+        try:
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=running), *running.args,
+                                  **running.kwargs)
+            else:
+                value = task.call(*running.args, **running.kwargs)
+            try:
+                value = normalize_json(value)
+            except (TypeError, ValueError) as exc:
+                # The task already ran; a retry would return the same thing.
+                raise Permanent(f"task returned a value that is not JSON: {exc}") from exc
+        except BaseException as exc:
+            scrub = redactor_for(ctx.job.task)
+            failed = replace(
+                running, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
+                errors=[*running.errors, TaskError(
+                    exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                    traceback=scrub.text("".join(traceback.format_exception(exc)), payload),
+                )],
+            )
+            summary = scrub.text(f"{type(exc).__qualname__}: {exc}", payload)
+            try:
+                raise TaskFailed(summary) from None
+            except TaskFailed:
+                send_robust(task_finished, sender, failed)
+            # The worker classifies the task's own exception (retry or dead), as for any job.
+            raise
+        finished = replace(running, status=TaskResultStatus.SUCCESSFUL,
+                           finished_at=timezone.now())
+        object.__setattr__(finished, "_return_value", value)
+        send_robust(task_finished, sender, finished)
+        return value
+
+    run.__name__ = run.__qualname__ = task.name
+    run.__module__ = task.func.__module__
+    return run
+
+
+def send_robust(signal: Signal, sender: type, result: TaskResult) -> None:
+    """Send ``signal``; a receiver that raises is logged and cannot change the task's outcome."""
+    for receiver, response in signal.send_robust(sender=sender, task_result=result):
+        if isinstance(response, Exception):
+            logger.error("receiver %r of %s failed for task result %s", receiver,
+                         _signal_name(signal), result.id, exc_info=response)
+
+
+def _signal_name(signal: Signal) -> str:
+    names = {id(task_enqueued): "task_enqueued", id(task_started): "task_started",
+             id(task_finished): "task_finished"}
+    return names.get(id(signal), "signal")
+
+
