@@ -28,7 +28,7 @@ from .transitions import (
     ready_queues,
     rescue_expired_leases,
 )
-from .validation import escape_control
+from .validation import escape_control, number_problem, whole_number_problem
 
 logger = logging.getLogger("django_pgjobs.maintenance")
 
@@ -37,6 +37,8 @@ logger = logging.getLogger("django_pgjobs.maintenance")
 BATCHES_PER_RUN = 20
 # While a queue's backlog stays over the policy, the warning repeats this often.
 BACKLOG_REMIND_SECONDS = 300.0
+# The longest interval or retention a step accepts: a hundred years.
+_SECONDS_MAX = 100 * 365 * 24 * 3600
 # The (run_at, id) keyset position before every job.
 AGING_KEYSET_START = (datetime(1, 1, 1, tzinfo=UTC), 0)
 
@@ -53,6 +55,8 @@ class Periodic:
     interval_seconds: float
     run: Callable[[str], int]
     backlog_at: int | None = None
+    # A step that made jobs ready wakes the worker's idle executors.
+    wakes_workers: bool = False
     next_due: float = 0.0
 
     def __post_init__(self) -> None:
@@ -72,12 +76,12 @@ class Periodic:
         self.next_due = now + self.interval_seconds * random.uniform(0.9, 1.1)
 
 
-def promote_due(using: str = DEFAULT_DB_ALIAS) -> int:
+def promote_step(using: str = DEFAULT_DB_ALIAS) -> int:
     """Make due scheduled and retrying jobs ready; return how many."""
     return len(promote_due_jobs(settings.PROMOTE_BATCH, using=using))
 
 
-def rescue_expired(using: str = DEFAULT_DB_ALIAS) -> int:
+def rescue_step(using: str = DEFAULT_DB_ALIAS) -> int:
     """Take back running jobs whose lease expired; return how many."""
     rescued = rescue_expired_leases(settings.RESCUE_BATCH, using=using)
     for outcome in rescued:
@@ -309,8 +313,8 @@ def default_steps(
 ) -> list[Periodic]:
     """The maintenance every worker runs; ``queues`` are the queues it serves (None: all)."""
     steps = [
-        Periodic("promote", poll_interval, promote_due),
-        Periodic("rescue", float(settings.RESCUE_INTERVAL_SECONDS), rescue_expired),
+        Periodic("promote", poll_interval, promote_step, wakes_workers=True),
+        Periodic("rescue", float(settings.RESCUE_INTERVAL_SECONDS), rescue_step),
         Periodic("prune", float(settings.PRUNE_INTERVAL_SECONDS), prune_finished,
                  backlog_at=int(settings.PRUNE_BATCH)),
     ]
@@ -327,14 +331,12 @@ def default_steps(
 
 
 def _positive_seconds(name: str, value: object, *, allow_zero: bool = False) -> None:
-    if (
-        isinstance(value, bool) or not isinstance(value, int | float)
-        or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero)
-    ):
-        raise ValueError(f"{name} must be a number of seconds {'>= 0' if allow_zero else '> 0'}, "
-                         f"got {value!r}")
+    problem = number_problem(value, 0, _SECONDS_MAX, low_inclusive=allow_zero)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}")
 
 
 def _whole(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+    problem = whole_number_problem(value, low, high)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}")

@@ -26,6 +26,15 @@ TASK_NAME_RULE = (
     "a letter or underscore, then letters, digits and . _ : - "
     f"(at most {TASK_NAME_MAX_LENGTH} characters)"
 )
+# What a job may carry and ask for, whoever enqueues it (enqueue, the Tasks backend, settings).
+KEY_MAX_LENGTH = 255
+TRACE_MAX_LENGTH = 64
+FAIRNESS_KEY_MAX_LENGTH = 200
+MAX_ATTEMPTS_LIMIT = 1_000_000
+LEASE_MAX_SECONDS = 7 * 24 * 3600
+# The longest delay or max age a job may have: ten years. Past that a value is a mistake (a
+# timestamp passed as seconds, 1e300), and PostgreSQL's timestamps would overflow.
+DURATION_MAX_SECONDS = 10 * 365 * 24 * 3600
 # Control characters forge log lines (a newline starts a new one) and terminals obey some.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -150,12 +159,18 @@ def _span(low: float, high: float, low_inclusive: bool) -> str:
 
 
 __all__ = [
+    "DURATION_MAX_SECONDS",
+    "FAIRNESS_KEY_MAX_LENGTH",
+    "KEY_MAX_LENGTH",
+    "LEASE_MAX_SECONDS",
+    "MAX_ATTEMPTS_LIMIT",
     "QUEUE_NAME",
     "QUEUE_NAME_MAX_LENGTH",
     "QUEUE_NAME_RULE",
     "TASK_NAME",
     "TASK_NAME_MAX_LENGTH",
     "TASK_NAME_RULE",
+    "TRACE_MAX_LENGTH",
     "bool_problem",
     "duration_problem",
     "escape_control",

@@ -10,8 +10,9 @@ from django.db import connection, connections
 import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
+from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import AttemptOutcome, JobStatus
-from django_pgjobs.transitions import rescue_expired_leases
+from django_pgjobs.transitions import claim_jobs, rescue_expired_leases, settle
 from django_pgjobs.worker import Worker
 from tests import handlers
 from tests.conftest import wait_for
@@ -214,26 +215,25 @@ def test_every_transition_logs_one_structured_line(caplog) -> None:
 
 
 def test_a_report_that_cannot_be_stored_does_not_hold_back_the_others() -> None:
-    from django_pgjobs.status import TerminalReason
-    from django_pgjobs.transitions import Outcome, claim_jobs
+    import time
+
+    from django_pgjobs.retry import Decision
+    from django_pgjobs.status import FailureClass, TerminalReason
 
     good, bad = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {}) for _ in range(2)])
     claimed = {c.id: c for c in claim_jobs("w", "default", 2)}
     worker = Worker(install_signals=False, poll_interval=0.05)
-    worker._settler.start()
+    worker.settler.start()
     try:
-        for job, error in ((good, ""), (bad, "text PostgreSQL refuses: \x00")):
-            c = claimed[job.pk]
-            status = JobStatus.SUCCEEDED if not error else JobStatus.DEAD
-            worker._settler.put(Outcome(
-                c.id, c.lease_token, status,
-                AttemptOutcome.SUCCEEDED if not error else AttemptOutcome.DEAD,
-                terminal_reason=TerminalReason.SUCCEEDED if not error else "permanent_error",
-                error=error, failure_class="permanent" if error else "",
-            ))
+        worker.settler.put(Outcome.succeeded(claimed[good.pk], "null", 1))
+        worker.settler.put(Outcome.failed(
+            claimed[bad.pk], FailureClass.PERMANENT,
+            Decision(JobStatus.DEAD, None, TerminalReason.PERMANENT_ERROR),
+            error="text PostgreSQL refuses: \x00",
+        ))
         wait_for(lambda: worker.counters.settled.get("dead") == 1, 20)
     finally:
-        worker._settler.stop(5)
+        worker.settler.stop(give_up_at=time.monotonic() + 5, timeout=5)
     assert Job.objects.get(pk=good.pk).status == JobStatus.SUCCEEDED
     stored = Job.objects.get(pk=bad.pk)
     assert stored.status == JobStatus.DEAD
@@ -241,13 +241,9 @@ def test_a_report_that_cannot_be_stored_does_not_hold_back_the_others() -> None:
 
 
 def test_settling_the_same_report_twice_keeps_the_first_record() -> None:
-    from django_pgjobs.status import TerminalReason
-    from django_pgjobs.transitions import Outcome, claim_jobs, settle
-
     job = django_pgjobs.enqueue("tests.ok", {})
     [c] = claim_jobs("w", "default", 1)
-    report = Outcome(c.id, c.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
-                     terminal_reason=TerminalReason.SUCCEEDED, result_json='"once"')
+    report = Outcome.succeeded(c, '"once"', 1)
     assert settle([report]) == {c.lease_token: True}
     # Sent again, as after a reply lost with the connection: nothing changes.
     settle([report])
@@ -308,17 +304,13 @@ def test_a_control_character_in_a_stored_trace_id_cannot_forge_a_log_line(caplog
 
 
 def test_the_settler_logs_a_database_error_without_the_data_it_quotes(caplog) -> None:
-    from django_pgjobs.transitions import Outcome, claim_jobs
-
     django_pgjobs.enqueue("tests.ok", {})
     [claimed] = claim_jobs("w-ctx", "default", 1)
     # A report PostgreSQL refuses: the server's DETAIL and CONTEXT quote the offending JSON.
-    broken = Outcome(claimed.id, claimed.lease_token, JobStatus.SUCCEEDED,
-                     AttemptOutcome.SUCCEEDED, terminal_reason="succeeded",
-                     result_json='{"password": "hunter22", "x": tru}')
+    broken = Outcome.succeeded(claimed, '{"password": "hunter22", "x": tru}', 1)
     worker = Worker(install_signals=False)
     caplog.set_level("WARNING", logger="django_pgjobs")
-    worker._settler._flush([broken])
+    worker.settler.flush([broken])
     assert "could not be stored together" in caplog.text
     assert "invalid input syntax for type json (SQLSTATE 22P02)" in caplog.text
     assert "hunter22" not in caplog.text and "CONTEXT" not in caplog.text

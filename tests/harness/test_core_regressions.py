@@ -10,26 +10,25 @@ from django.db import connection
 from django.db.models.functions import Now
 
 import django_pgjobs
-from django_pgjobs import worker as worker_module
 from django_pgjobs.models import Attempt, Job
-from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
+from django_pgjobs.outcomes import Outcome
+from django_pgjobs.status import AttemptOutcome, JobStatus
 from django_pgjobs.transitions import (
-    Outcome,
     claim_jobs,
     promote_due_jobs,
     rescue_expired_leases,
     settle,
 )
 from django_pgjobs.worker import Worker
+from django_pgjobs.worker import settler as settler_module
 from testproject.chaos.models import Run
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def succeeded(job_id: int, token, value: str) -> Outcome:
-    return Outcome(job_id, token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
-                   terminal_reason=TerminalReason.SUCCEEDED, result_json=f'"{value}"')
+def succeeded(claimed, value: str) -> Outcome:
+    return Outcome.succeeded(claimed, f'"{value}"', duration_ms=1)
 
 
 def test_a_stale_report_settled_in_one_batch_with_the_winning_report_is_recorded_lost():
@@ -43,8 +42,7 @@ def test_a_stale_report_settled_in_one_batch_with_the_winning_report_is_recorded
     promote_due_jobs(10)
     [current] = claim_jobs("fast-worker", "default", 1)
 
-    won = settle([succeeded(job.pk, stale.lease_token, "stale"),
-                  succeeded(job.pk, current.lease_token, "current")])
+    won = settle([succeeded(stale, "stale"), succeeded(current, "current")])
 
     assert won == {stale.lease_token: False, current.lease_token: True}
     assert list(Attempt.objects.filter(job_id=job.pk).order_by("id").values_list(
@@ -61,18 +59,18 @@ def test_an_idle_settler_is_woken_by_a_new_outcome(monkeypatch):
     # finishes near the end of its lease is rescued before its report lands (seen in the
     # harness as a disconnected worker's failure recorded 'lost'). With the idle sleep made
     # a minute long, only the wake-up can settle the job within the wait below.
-    monkeypatch.setattr(worker_module, "_SETTLER_IDLE_SECONDS", 60.0)
+    monkeypatch.setattr(settler_module, "IDLE_SECONDS", 60.0)
     job = django_pgjobs.enqueue("tests.ok", {})
     worker = Worker(install_signals=False, poll_interval=0.05)
-    settler = worker._settler
+    settler = worker.settler
     settler.start()
     try:
         time.sleep(0.1)  # the settler is now in its idle wait
         [claimed] = claim_jobs("w", "default", 1)
-        settler.put(succeeded(job.pk, claimed.lease_token, "done"))
+        settler.put(succeeded(claimed, "done"))
         wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED, 20, 0.01)
     finally:
-        settler.stop(5)
+        settler.stop(give_up_at=time.monotonic() + 5, timeout=5)
 
 
 @pytest.mark.slow

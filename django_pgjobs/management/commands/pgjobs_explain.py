@@ -11,6 +11,7 @@ from django.db import connections
 
 from django_pgjobs.explain import DEFAULT_MAX_ROWS_FACTOR, HOT_QUERIES, explain
 from django_pgjobs.management.arguments import queue_name, whole_number
+from django_pgjobs.transitions import claim_statement
 
 
 def _factor(text: str) -> float:
@@ -43,11 +44,17 @@ class Command(BaseCommand):
                             help="how many times its expected rows a query may read before it "
                                  f"counts as a problem (default {DEFAULT_MAX_ROWS_FACTOR:g})")
         parser.add_argument("--database", default="default", help="database alias")
+        parser.add_argument("--show-sql", action="store_true",
+                            help="print the claim's whole statement as it is sent first (%%s "
+                                 "stand for the queue and the worker id)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = options["database"]
         if using not in connections:
             raise CommandError(f"unknown database alias {using!r}")
+        if options["show_sql"]:
+            self.stdout.write(claim_statement(options["batch_size"], using=using))
+            self.stdout.write("")
         chosen = options["queries"] or ["claim"]
         names = list(HOT_QUERIES) if "all" in chosen else list(dict.fromkeys(chosen))
         failed = []

@@ -1,0 +1,22 @@
+"""The worker: claim, execute outside any transaction, settle; maintenance; signals.
+
+``core`` holds the ``Worker`` (lifecycle, the executors' claim loop, the main thread's loop),
+``slots`` the executor slots with the batch runner and the watchdog, ``settler`` the thread that
+settles outcomes and sends heartbeats, ``queues`` the queue rotation, and ``connections`` the
+per-thread connection handling. The management command ``pgjobs_worker`` only parses flags and
+calls ``Worker(...).run()``.
+"""
+
+from .connections import database_target
+from .core import EXIT_DATABASE_UNREACHABLE, MAX_BATCH_SIZE, MAX_CONCURRENCY, Counters, Worker
+from .queues import weighted_rotation
+
+__all__ = [
+    "EXIT_DATABASE_UNREACHABLE",
+    "MAX_BATCH_SIZE",
+    "MAX_CONCURRENCY",
+    "Counters",
+    "Worker",
+    "database_target",
+    "weighted_rotation",
+]

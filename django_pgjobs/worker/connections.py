@@ -1,0 +1,114 @@
+"""Connection handling for the worker's threads: each holds its own Django connection.
+
+A worker is one long-running "request" per thread, so Django's per-request connection handling
+does not apply: these functions drop a connection an error left unusable, honour CONN_MAX_AGE,
+and describe failures in one log line that never quotes data or a password.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+from django.db import DatabaseError, connections
+
+
+def refresh_connection(using: str) -> None:
+    """Drop this thread's connection if an error left it unusable or CONN_MAX_AGE (> 0) passed.
+
+    Unlike ``close_old_connections``, a CONN_MAX_AGE of 0 does not close the connection after
+    every claim: a worker is one long-running "request".
+    """
+    connection = connections[using]
+    if connection.connection is None:
+        return
+    if connection.errors_occurred:
+        if connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            reset_connection(using)
+            return
+    max_age = connection.settings_dict.get("CONN_MAX_AGE")
+    if max_age and connection.close_at is not None and time.monotonic() >= connection.close_at:
+        reset_connection(using)
+
+
+def database_reachable(using: str) -> bool:
+    """Refresh this thread's connection and say whether the database answers."""
+    refresh_connection(using)
+    connection = connections[using]
+    if connection.connection is not None:
+        return True
+    try:
+        connection.ensure_connection()
+    except DatabaseError:
+        return False
+    return True
+
+
+def reset_connection(using: str) -> None:
+    """Drop this thread's connection after an error; the next query reconnects."""
+    try:
+        connections[using].close()
+    except DatabaseError:
+        connections[using].connection = None
+
+
+def database_target(using: str) -> str:
+    """Where ``using`` connects, for a log line: user@host:port/name, never the password."""
+    params = connections[using].settings_dict
+    host = params.get("HOST") or "(local socket)"
+    return f"{params.get('USER') or '-'}@{host}:{params.get('PORT') or 5432}/{params.get('NAME')}"
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An error as one line of at most ``limit`` characters (drivers' messages span several)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def database_error_text(exc: BaseException) -> str:
+    """A database error as one line, without the DETAIL and CONTEXT parts of the server's report.
+
+    Those parts quote the data that failed (a jsonb cast's CONTEXT echoes the JSON, results and
+    all), which must not reach a log; the primary message and SQLSTATE say what went wrong.
+    """
+    cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
+    diag = getattr(cause, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    if primary:
+        sqlstate = getattr(cause, "sqlstate", None)
+        return one_line(Exception(f"{primary} (SQLSTATE {sqlstate})" if sqlstate else primary))
+    return one_line(exc)
+
+
+class Outage:
+    """Since when this worker's database calls have been failing; shared by its threads."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def failed(self) -> float:
+        """Record a failure; return for how many seconds calls have been failing."""
+        now = time.monotonic()
+        with self._lock:
+            if self._since is None:
+                self._since = now
+            return now - self._since
+
+    def recovered(self) -> None:
+        with self._lock:
+            self._since = None
+
+
+__all__ = [
+    "Outage",
+    "database_error_text",
+    "database_reachable",
+    "database_target",
+    "one_line",
+    "refresh_connection",
+    "reset_connection",
+]

@@ -1,0 +1,204 @@
+"""The settler: one thread that applies a worker's outcomes in batches and sends heartbeats.
+
+Executors hand it outcomes (``put``); it flushes them in one fenced statement when a batch
+fills or the oldest has waited ``flush_seconds``. Jobs whose handlers declared ``heartbeat=True``
+are watched: their leases are extended every third of their length, and the answer goes back to
+the handler's context. It knows nothing of the worker but its config and two callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django.db import DatabaseError, DataError, IntegrityError, ProgrammingError, connections
+
+from ..context import JobContext
+from ..outcomes import Outcome
+from ..transitions import extend_leases, settle
+from .connections import database_error_text, reset_connection
+
+logger = logging.getLogger("django_pgjobs.worker")
+
+# How long an idle settler sleeps when nothing wakes it (new outcomes and due heartbeats do).
+IDLE_SECONDS = 1.0
+RECONNECT_MAX_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class SettlerConfig:
+    using: str
+    worker_id: str  # for log lines
+    batch: int  # flush as soon as this many outcomes wait
+    flush_seconds: float  # or when the oldest has waited this long
+
+
+class Settler(threading.Thread):
+    """Applies outcomes in batches and keeps declared-long leases alive.
+
+    ``on_settled(outcome, applied)`` is called for every outcome the database answered for;
+    ``on_database_error()`` for every failed round trip.
+    """
+
+    def __init__(
+        self,
+        config: SettlerConfig,
+        *,
+        on_settled: Callable[[Outcome, bool], None],
+        on_database_error: Callable[[], None],
+    ) -> None:
+        super().__init__(name="pgjobs-settler", daemon=True)
+        self.config = config
+        self.on_settled = on_settled
+        self.on_database_error = on_database_error
+        self._cond = threading.Condition()
+        self._pending: list[Outcome] = []
+        self._oldest: float | None = None
+        self._beats: dict[int, tuple[JobContext, float]] = {}
+        self._stopping = False
+        # When stopping, how long a database outage may hold back the last outcomes.
+        self._give_up_at = float("inf")
+
+    def put(self, outcome: Outcome) -> None:
+        with self._cond:
+            self._pending.append(outcome)
+            if self._oldest is None:
+                # An idle settler sleeps up to a second: wake it to time this batch's flush.
+                self._oldest = time.monotonic()
+                self._cond.notify()
+            if len(self._pending) >= self.config.batch:
+                self._cond.notify()
+
+    def watch(self, ctx: JobContext) -> None:
+        """Heartbeat ``ctx``'s lease every third of its length until ``unwatch``."""
+        with self._cond:
+            self._beats[ctx.job.id] = (ctx, time.monotonic() + ctx.job.lease_seconds / 3)
+            self._cond.notify()
+
+    def unwatch(self, ctx: JobContext) -> None:
+        with self._cond:
+            self._beats.pop(ctx.job.id, None)
+
+    def stop(self, *, give_up_at: float, timeout: float) -> None:
+        """Flush what is pending and end; past ``give_up_at`` an outage ends it regardless."""
+        with self._cond:
+            self._stopping = True
+            self._give_up_at = give_up_at
+            self._cond.notify()
+        self.join(timeout)
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            connections.close_all()
+
+    def _loop(self) -> None:
+        backoff = 0.1
+        while True:
+            batch, beats = self._next_work()
+            if batch is None:
+                return
+            try:
+                self.flush(batch)
+                batch = []  # settled: a heartbeat error below must not queue them again
+                self._heartbeat(beats)
+                backoff = 0.1
+            except DatabaseError as exc:
+                self.on_database_error()
+                logger.warning("settler: database error, will retry: %s",
+                               database_error_text(exc))
+                reset_connection(self.config.using)
+                with self._cond:
+                    self._pending[:0] = batch
+                    self._oldest = self._oldest or time.monotonic()
+                    if self._stopping and time.monotonic() > self._give_up_at:
+                        logger.error("settler: giving up on %d outcomes at shutdown; their "
+                                     "leases will expire and the jobs will be rescued",
+                                     len(self._pending))
+                        return
+                time.sleep(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX_SECONDS)
+
+    def _next_work(self) -> tuple[list[Outcome] | None, list[JobContext]]:
+        """Wait for a batch to flush or heartbeats to send; (None, []) once stopped and empty."""
+        flush_after = self.config.flush_seconds
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                next_beat = min((due for _, due in self._beats.values()), default=None)
+                ready = bool(self._pending) and (
+                    self._stopping
+                    or len(self._pending) >= self.config.batch
+                    or now - (self._oldest or now) >= flush_after
+                )
+                if ready or (next_beat is not None and next_beat <= now):
+                    break
+                if self._stopping and not self._pending:
+                    return None, []
+                waits = [IDLE_SECONDS]
+                if self._pending:
+                    waits.append(flush_after - (now - (self._oldest or now)))
+                if next_beat is not None:
+                    waits.append(next_beat - now)
+                self._cond.wait(max(0.001, min(waits)))
+            batch, self._pending, self._oldest = self._pending, [], None
+            beats = [ctx for ctx, due in self._beats.values() if due <= time.monotonic()]
+        return batch, beats
+
+    def flush(self, batch: Sequence[Outcome]) -> None:
+        """Settle ``batch`` now (raises DatabaseError when the database is away)."""
+        if not batch:
+            return
+        try:
+            applied = settle(batch, using=self.config.using)
+        except (DataError, IntegrityError, ProgrammingError) as exc:
+            # Not a lost connection: something in one report cannot be stored. Retrying the
+            # batch would fail forever and hold back every other settlement of this worker.
+            applied = self._settle_one_by_one(batch, exc)
+        for outcome in batch:
+            if outcome.lease_token in applied:
+                self.on_settled(outcome, applied[outcome.lease_token])
+
+    def _settle_one_by_one(
+        self, batch: Sequence[Outcome], exc: DatabaseError
+    ) -> dict[uuid.UUID, bool]:
+        logger.error("settler: %d outcomes could not be stored together (%s); settling them "
+                     "one at a time", len(batch), database_error_text(exc))
+        applied: dict[uuid.UUID, bool] = {}
+        for outcome in batch:
+            for attempt in (outcome, outcome.without_text()):
+                try:
+                    applied.update(settle([attempt], using=self.config.using))
+                    break
+                except (DataError, IntegrityError, ProgrammingError) as error:
+                    logger.error("settler: job %s: report not stored: %s", outcome.job_id,
+                                 database_error_text(error))
+            else:
+                logger.error("settler: job %s: giving up on its report; its lease will expire "
+                             "and the rescue step will retry it", outcome.job_id)
+        return applied
+
+    def _heartbeat(self, contexts: Sequence[JobContext]) -> None:
+        if not contexts:
+            return
+        extended = extend_leases(
+            [(ctx.job.id, ctx.job.lease_token) for ctx in contexts], using=self.config.using
+        )
+        with self._cond:
+            for ctx in contexts:
+                held = ctx.job.id in extended
+                ctx.heartbeat_answered(held, extended.get(ctx.job.id, False))
+                if not held:
+                    self._beats.pop(ctx.job.id, None)
+                    logger.warning("job.lease_lost id=%s task=%s worker=%s",
+                                   ctx.job.id, ctx.job.task, self.config.worker_id)
+                elif ctx.job.id in self._beats:
+                    self._beats[ctx.job.id] = (ctx, time.monotonic() + ctx.job.lease_seconds / 3)
+
+
+__all__ = ["Settler", "SettlerConfig"]
