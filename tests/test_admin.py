@@ -521,7 +521,7 @@ def test_counts_above_the_limit_come_from_the_planner(monkeypatch: Any) -> None:
     JobFactory.create_batch(3)
     queryset = Job.objects.filter(status=JobStatus.READY).order_by("id")
     assert EstimatedCountPaginator(queryset, 10).count == 3
-    monkeypatch.setattr("django_pgjobs.admin.EXACT_COUNT_MAX_ROWS", -1)
+    monkeypatch.setattr("django_pgjobs.admin.display.EXACT_COUNT_MAX_ROWS", -1)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgjobs_job")
     assert EstimatedCountPaginator(queryset, 10).count == planner_rows(queryset)

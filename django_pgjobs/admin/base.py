@@ -7,10 +7,36 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from .display import EstimatedCountPaginator
+from ..models import Attempt
+from .display import EstimatedCountPaginator, attempt_error_html
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class NoWrites:
+    """Nothing can be added, changed or deleted here, by anyone (superusers included)."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AttemptColumns:
+    """How an attempt's duration and error show, in the job's inline and the attempt list."""
+
+    @admin.display(description="duration")
+    def duration(self, attempt: Attempt) -> str:
+        return "-" if attempt.duration_ms is None else f"{attempt.duration_ms} ms"
+
+    @admin.display(description="error (redacted)")
+    def error_shown(self, attempt: Attempt) -> str:
+        return attempt_error_html(attempt, attempt.job)
+
+
+class ReadOnlyAdmin(NoWrites, admin.ModelAdmin):
     """Visible with the view permission; nothing can be added, changed or deleted here.
 
     The list accepts only the query-string lookups its own filters produce. Django's default
@@ -22,15 +48,6 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     list_per_page = 50
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         return lookup in self.allowed_lookups(request)

@@ -29,14 +29,13 @@ from .. import sql, transitions
 from ..models import Attempt, Job, OperatorAction
 from ..registry import redactor_for
 from .actions import ACTION_MAX_JOBS, ACTIONS, Action, status_counts
-from .base import ReadOnlyAdmin
+from .base import AttemptColumns, NoWrites, ReadOnlyAdmin
 from .dashboard import dashboard_context
 from .display import (
-    attempt_error_html,
     duration_text,
     exact_id,
-    preview,
     pretty,
+    preview,
     searchable,
 )
 from .filters import QueueFilter, TaskFilter
@@ -64,7 +63,7 @@ def operator_action(action: Action) -> Any:
     return admin.action(permissions=[action.permission], description=action.description)(run)
 
 
-class AttemptInline(admin.TabularInline):
+class AttemptInline(NoWrites, AttemptColumns, admin.TabularInline):
     model = Attempt
     fk_name = "job"
     extra = 0
@@ -81,23 +80,6 @@ class AttemptInline(admin.TabularInline):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("pgjobs.view_job")
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    @admin.display(description="duration")
-    def duration(self, attempt: Attempt) -> str:
-        return "-" if attempt.duration_ms is None else f"{attempt.duration_ms} ms"
-
-    @admin.display(description="error")
-    def error_shown(self, attempt: Attempt) -> str:
-        return attempt_error_html(attempt, attempt.job)
 
 
 @admin.register(Job)

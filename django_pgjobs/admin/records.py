@@ -10,12 +10,12 @@ from django.utils.html import format_html
 
 from ..models import Attempt, IdempotencyReceipt, OperatorAction
 from ..registry import redactor_for
-from .base import ReadOnlyAdmin
-from .display import attempt_error_html, exact_id, pretty, searchable
+from .base import AttemptColumns, ReadOnlyAdmin
+from .display import exact_id, pretty, searchable
 
 
 @admin.register(Attempt)
-class AttemptAdmin(ReadOnlyAdmin):
+class AttemptAdmin(AttemptColumns, ReadOnlyAdmin):
     list_display = ("id", "job_link", "task", "number", "worker_id", "outcome", "failure_class",
                     "duration", "claimed_at")
     list_filter = ("outcome", "failure_class")
@@ -35,14 +35,6 @@ class AttemptAdmin(ReadOnlyAdmin):
     @admin.display(description="task")
     def task(self, attempt: Attempt) -> str:
         return attempt.job.task
-
-    @admin.display(description="duration")
-    def duration(self, attempt: Attempt) -> str:
-        return "-" if attempt.duration_ms is None else f"{attempt.duration_ms} ms"
-
-    @admin.display(description="error (redacted)")
-    def error_shown(self, attempt: Attempt) -> str:
-        return attempt_error_html(attempt, attempt.job)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Attempt], search_term: str
