@@ -341,9 +341,9 @@ def test_check_reports_an_unknown_database_and_bad_options() -> None:
     ]
     assert len(problems) == 4
     assert any("unknown key 'retries'" in p for p in problems)
-    assert any("OPTIONS['max_attempts'] must be a number >= 1 (a whole number)." in p
+    assert any("OPTIONS['max_attempts'] must be a whole number from 1 to 1000000, got 0." in p
                for p in problems)
-    assert any("OPTIONS['queues']['mail']['lease_seconds'] must be a number >= 1." in p
+    assert any("OPTIONS['queues']['mail']['lease_seconds'] must be a number, got 'long'." in p
                for p in problems)
     assert any("OPTIONS['queues']['mail'] has an unknown key 'colour'" in p for p in problems)
 

@@ -25,8 +25,14 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from ..exceptions import InvalidJobOption
 from ..registry import DJANGO_TASK_PREFIX, registry
 from ..validation import TASK_NAME
-from .compat import BaseTaskBackend, Task, TaskResult, TaskResultStatus, normalize_json
-from .compat import task_enqueued
+from .compat import (
+    BaseTaskBackend,
+    Task,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
 from .names import task_name
 from .options import InvalidTaskOption, job_options, option_problems, task_queue_problem
 from .results import load_result
@@ -36,6 +42,7 @@ from .runner import TaskFailed, TaskHandler, resolve_handler, send_robust
 class PgJobsBackend(BaseTaskBackend):
     """Tasks as django-pgjobs jobs: durable, same-transaction enqueue, leases and retries."""
 
+    is_pgjobs_backend = True  # its OPTIONS are django-pgjobs' (options.pgjobs_options)
     supports_defer = True
     supports_async_task = True
     supports_get_result = True

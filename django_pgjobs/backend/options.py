@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -9,17 +10,36 @@ from django.db import DEFAULT_DB_ALIAS
 
 from ..conf import settings
 from ..exceptions import InvalidJobOption
-from ..validation import queue_problem
+from ..validation import (
+    DURATION_MAX_SECONDS,
+    LEASE_MAX_SECONDS,
+    MAX_ATTEMPTS_LIMIT,
+    number_problem,
+    queue_problem,
+    whole_number_problem,
+)
 from .compat import InvalidTask
 
 # OPTIONS keys that set the job options of every task the backend enqueues; OPTIONS["queues"]
 # maps a queue name to the same keys for that queue only.
 JOB_OPTIONS = ("max_attempts", "lease_seconds", "max_age_seconds")
 BACKEND_OPTIONS = (*JOB_OPTIONS, "database", "heartbeat", "queues")
+JOB_OPTION_RULES: dict[str, Callable[[Any], str | None]] = {
+    "max_attempts": lambda v: whole_number_problem(v, 1, MAX_ATTEMPTS_LIMIT),
+    "lease_seconds": lambda v: number_problem(v, 1, LEASE_MAX_SECONDS),
+    "max_age_seconds": lambda v: number_problem(v, 1, DURATION_MAX_SECONDS),
+}
 
 
 class InvalidTaskOption(InvalidTask, InvalidJobOption):
     """A task refused by django-pgjobs' rules: Django's ``InvalidTask`` and our ``EnqueueError``."""
+
+
+def pgjobs_options(backend: object) -> dict[str, Any]:
+    """``backend``'s OPTIONS if it is a PgJobsBackend (others' OPTIONS mean other things)."""
+    if getattr(backend, "is_pgjobs_backend", False):
+        return dict(getattr(backend, "options", {}))
+    return {}
 
 
 def job_options(options: dict[str, Any], queue: str) -> dict[str, Any]:
@@ -55,13 +75,11 @@ def option_problems(options: dict[str, Any]) -> list[str]:
         if values is not options:
             problems += [f"{where} has an unknown key {key!r} (known: {', '.join(JOB_OPTIONS)})."
                          for key in values if key not in JOB_OPTIONS]
-        for key in JOB_OPTIONS:
+        for key, rule in JOB_OPTION_RULES.items():
             value = values.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                      or value < 1 or (key == "max_attempts"
-                                                       and not isinstance(value, int))):
-                problems.append(f"{where}[{key!r}] must be a number >= 1"
-                                + (" (a whole number)." if key == "max_attempts" else "."))
+            problem = None if value is None else rule(value)
+            if problem is not None:
+                problems.append(f"{where}[{key!r}] {problem}.")
     return problems
 
 

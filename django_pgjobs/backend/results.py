@@ -13,7 +13,14 @@ from django.db import connections
 from .. import sql
 from ..registry import DJANGO_TASK_PREFIX
 from ..status import AttemptOutcome, JobStatus
-from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
+from .compat import (
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+)
 from .names import find_task
 
 _STATUS = {

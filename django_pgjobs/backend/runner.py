@@ -6,17 +6,15 @@ import inspect
 import logging
 import re
 import traceback
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.dispatch import Signal
 from django.utils import timezone
 from django.utils.connection import ConnectionDoesNotExist
 
 from ..conf import settings
-from ..context import JobContext
 from ..exceptions import EnqueueError, Permanent
 from ..redaction import Redactor
 from ..registry import Handler, redactor_for
@@ -34,7 +32,13 @@ from .compat import (
     task_started,
 )
 from .names import find_task, task_name
+from .options import pgjobs_options
 from .results import load_result
+
+if TYPE_CHECKING:
+    # Annotations only: this module is imported when a @task is declared, maybe before Django
+    # has loaded the models that the context's module needs.
+    from ..context import JobContext
 
 logger = logging.getLogger("django_pgjobs.backend")
 
@@ -54,7 +58,7 @@ def resolve_handler(name: str, may_import: bool = True) -> Handler | None:
     if task is None:
         return None
     backend = _backend(task.backend)
-    options = backend.options if isinstance(backend, PgJobsBackend) else {}
+    options = pgjobs_options(backend)
     heartbeat = options.get("heartbeat") is True
     lease = timedelta(seconds=options.get("lease_seconds", settings.LEASE_SECONDS))
     try:
@@ -102,7 +106,6 @@ class TaskHandler(Handler):
 
 
 def _backend(alias: str) -> BaseTaskBackend | None:
-    from django.utils.connection import ConnectionDoesNotExist
 
     try:
         return task_backends[alias]
@@ -114,7 +117,8 @@ def _runner(task: Task) -> Any:
     def run(ctx: JobContext, payload: Any) -> Any:
         alias = str(payload.get("backend") or task.backend)
         backend = _backend(alias)
-        sender = type(backend) if backend is not None else PgJobsBackend
+        # The alias the job was enqueued through may be gone from TASKS since.
+        sender = type(backend) if backend is not None else BaseTaskBackend
         running = load_result(str(ctx.job_id), default_backend=alias, using=ctx.using)
         send_robust(task_started, sender, running)
         try:
