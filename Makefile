@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 
-.PHONY: venv system-deps test demo admin lint chaos bench soak profile clean
+.PHONY: venv system-deps test demo admin lint chaos bench soak profile compare clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,7 @@ admin: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy django_pgjobs
+	$(VENV)/bin/lint-imports
 	$(MANAGE) makemigrations --check --dry-run
 
 # The failure harness: real workers against a private PostgreSQL server that it crashes and
@@ -60,6 +61,7 @@ chaos: $(STAMP)
 #   make bench                         the full run (about 15 minutes); BENCH_ARGS=--quick to check
 #   make soak SOAK_ARGS="--minutes 10" sustained load, table size and claim latency over time
 #   make profile                       round trips per claim/settle and where worker CPU goes
+#   make compare REV=HEAD~3            drain with this checkout and REV, interleaved, one run
 BENCH_VENV ?= .venv-bench
 BENCH_PY := $(BENCH_VENV)/bin/python
 BENCH_STAMP := $(BENCH_VENV)/.installed
@@ -80,6 +82,11 @@ soak: $(BENCH_STAMP)
 
 profile: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.profile_hot_path
+
+REV ?= HEAD
+COMPARE_ARGS ?=
+compare: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.compare $(REV) $(COMPARE_ARGS)
 
 clean:
 	rm -rf .venv .venv-* .pgdata

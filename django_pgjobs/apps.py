@@ -14,6 +14,10 @@ class PgJobsConfig(AppConfig):
 
         from . import checks  # noqa: F401  (registers the system checks)
         from .conf import settings
+        from .enqueuing import enqueue
+        from .registry import registry
+
+        registry.enqueuer = enqueue
 
         for module in settings.HANDLER_MODULES:
             autodiscover_modules(module)

@@ -15,6 +15,9 @@ from .conf import settings
 from .models import PRIORITY_MAX, PRIORITY_MIN
 from .registry import registry
 from .validation import (
+    DURATION_MAX_SECONDS,
+    LEASE_MAX_SECONDS,
+    MAX_ATTEMPTS_LIMIT,
     bool_problem,
     number_problem,
     queue_problem,
@@ -90,9 +93,9 @@ SETTING_RULES: dict[str, Rule] = {
     "QUEUES": _queues,
     "MAX_PAYLOAD_BYTES": _whole(1, 256 * 1024 * 1024),
     "MAX_PAYLOAD_DEPTH": _whole(1, 1000),
-    "LEASE_SECONDS": _whole(1, 7 * DAY_SECONDS),
-    "MAX_ATTEMPTS": _whole(1, 1_000_000),
-    "MAX_AGE_SECONDS": _seconds(0, 10 * YEAR_SECONDS),
+    "LEASE_SECONDS": _whole(1, LEASE_MAX_SECONDS),
+    "MAX_ATTEMPTS": _whole(1, MAX_ATTEMPTS_LIMIT),
+    "MAX_AGE_SECONDS": _seconds(0, DURATION_MAX_SECONDS),
     "RETRY_BASE_SECONDS": _seconds(0, YEAR_SECONDS),
     "RETRY_MAX_SECONDS": _seconds(0, YEAR_SECONDS),
     "UNKNOWN_TASK_RETRY_SECONDS": _seconds(0, YEAR_SECONDS),

@@ -23,6 +23,12 @@ from .models import PRIORITY_MAX, PRIORITY_MIN, Job
 from .payloads import encode_json
 from .registry import Handler, registry
 from .validation import (
+    DURATION_MAX_SECONDS,
+    FAIRNESS_KEY_MAX_LENGTH,
+    KEY_MAX_LENGTH,
+    LEASE_MAX_SECONDS,
+    MAX_ATTEMPTS_LIMIT,
+    TRACE_MAX_LENGTH,
     duration_problem,
     escape_control,
     queue_problem,
@@ -32,14 +38,6 @@ from .validation import (
     whole_number_problem,
 )
 
-KEY_MAX_LENGTH = 255
-TRACE_MAX_LENGTH = 64
-FAIRNESS_KEY_MAX_LENGTH = 200
-MAX_ATTEMPTS_LIMIT = 1_000_000
-LEASE_MAX_SECONDS = 7 * 24 * 3600
-# The longest delay or max age a job may have: ten years. Past that a value is a mistake (a
-# timestamp passed as seconds, 1e300), and PostgreSQL's timestamps would overflow.
-DURATION_MAX_SECONDS = 10 * 365 * 24 * 3600
 OPTIONS = frozenset({
     "queue", "priority", "run_at", "delay", "idempotency_key", "max_attempts", "max_age",
     "lease", "trace_id", "fairness_key", "payload_version",

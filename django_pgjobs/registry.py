@@ -98,12 +98,18 @@ class Handler:
 
     def enqueue(self, payload: Any, **options: Any) -> Job:
         """Enqueue a job for this handler in the caller's transaction."""
-        from .enqueuing import enqueue
-
-        return enqueue(self, payload, **options)
+        return registry.enqueuer(self, payload, **options)
 
 
 Resolver = Callable[[str, bool], "Handler | None"]
+Enqueuer = Callable[..., "Job"]
+
+
+def _not_ready(*args: Any, **kwargs: Any) -> Job:
+    raise RuntimeError(
+        "django_pgjobs is not ready: add it to INSTALLED_APPS, and enqueue only after Django "
+        "has loaded its apps"
+    )
 
 
 class Registry:
@@ -118,6 +124,9 @@ class Registry:
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
         self._resolvers: dict[str, Resolver] = {}
+        # What Handler.enqueue calls. The app sets it to enqueuing.enqueue when Django has
+        # loaded its apps: handlers are declared before the models they enqueue into exist.
+        self.enqueuer: Enqueuer = _not_ready
 
     def add(self, handler: Handler) -> None:
         existing = self._handlers.get(handler.name)
