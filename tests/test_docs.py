@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from django_pgjobs import conf
 from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
 
@@ -17,7 +19,8 @@ def read(path: str) -> str:
 
 def test_the_state_machine_doc_names_every_state_reason_and_outcome() -> None:
     text = read("docs/state-machine.md")
-    table_states = re.findall(r"^\| `(\w+)` \|", text, re.MULTILINE)
+    states_section = text.split("## The states", 1)[1]
+    table_states = re.findall(r"^\| `(\w+)` \|", states_section, re.MULTILINE)
     assert table_states == list(JobStatus.values)
     for value in [*TerminalReason.values, *AttemptOutcome.values]:
         assert f"`{value}`" in text, value
@@ -39,3 +42,23 @@ def test_ci_runs_the_readme_test_command_as_written_and_against_the_machine_serv
     assert legs[0] == "env -u DATABASE_URL make test"
     assert legs[1].startswith("DATABASE_URL=$MACHINE_DATABASE_URL make test ")
     assert len(legs) == 2
+
+
+@pytest.mark.django_db
+def test_the_claim_path_doc_shows_the_claim_statement_as_it_is_sent() -> None:
+    from django_pgjobs.transitions import claim_statement
+
+    text = read("docs/claim-path.md")
+    block = text.split("```sql\n", 1)[1].split("\n```", 1)[0]
+    assert block == claim_statement(10).rstrip("\n")
+
+
+def test_the_state_machine_doc_lists_the_ways_out_of_running() -> None:
+    from django_pgjobs.outcomes import WAYS_OUT
+
+    text = read("docs/state-machine.md")
+    rows = dict(re.findall(r"^\| `(\w+)` \| (`[\w`, ]+`) \| `Outcome", text, re.MULTILINE))
+    assert {outcome: set(re.findall(r"`(\w+)`", states)) for outcome, states in rows.items()} == {
+        outcome.value: {status.value for status in statuses}
+        for outcome, statuses in WAYS_OUT.items()
+    }
