@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from .status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from .status import ACTIVE_STATUSES, AttemptOutcome, FailureClass, JobStatus, TerminalReason
 from .validation import QUEUE_NAME_MAX_LENGTH, queue_problem
 
 PRIORITY_MIN = -100
@@ -60,6 +60,12 @@ class Job(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # Unique while active (scheduled, ready, running, retrying); with a period, unique within the
+    # period that starts at unique_period_start, whatever the state.
+    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    unique_period_start = models.DateTimeField(null=True, blank=True)
+    # The handler's or the job's timeout: its worker settles it as timed out after this long.
+    timeout_seconds = models.FloatField(null=True, blank=True)
     trace_id = models.CharField(max_length=64, blank=True, default="")
     fairness_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     failure_class = models.CharField(
@@ -131,6 +137,22 @@ class Job(models.Model):
                 fields=["task", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
                 name="pgjobs_job_idempotency_key",
+            ),
+            # Only active jobs are in it: once a job finishes, its key is free again.
+            models.UniqueConstraint(
+                fields=["task", "unique_key"],
+                condition=Q(unique_key__isnull=False, unique_period_start__isnull=True,
+                            status__in=ACTIVE_STATUSES),
+                name="pgjobs_job_unique_while_active",
+            ),
+            models.UniqueConstraint(
+                fields=["task", "unique_key", "unique_period_start"],
+                condition=Q(unique_period_start__isnull=False),
+                name="pgjobs_job_unique_per_period",
+            ),
+            models.CheckConstraint(
+                condition=Q(timeout_seconds__isnull=True) | Q(timeout_seconds__gt=0),
+                name="pgjobs_job_timeout_positive",
             ),
         ]
         permissions = [
@@ -208,12 +230,37 @@ class IdempotencyReceipt(models.Model):
         return f"{self.scope}:{self.key}"
 
 
+class QueueState(models.Model):
+    """One row per queue an operator has paused or resumed; workers do not claim from a paused one.
+
+    A queue without a row is running. The claim reads this table in the same statement (a
+    probe by primary key), so a pause stops claims as soon as it commits.
+    """
+
+    name = models.CharField(primary_key=True, max_length=QUEUE_NAME_MAX_LENGTH,
+                            validators=[validate_queue_name])
+    paused = models.BooleanField(default=False)
+    changed_at = models.DateTimeField(db_default=Now())
+    changed_by = models.CharField(max_length=150, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "pgjobs_queue"
+        verbose_name = "queue"
+        permissions = [("pause_queue", "Can pause and resume queues")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'paused' if self.paused else 'running'})"
+
+
 class OperatorActionKind(models.TextChoices):
     RETRY = "retry", "retry"
     REPLAY = "replay", "replay"
     CANCEL = "cancel", "cancel"
     DEAD_LETTER = "dead_letter", "dead-letter"
     VIEW_RAW_PAYLOAD = "view_raw_payload", "view raw payload"
+    PAUSE_QUEUE = "pause_queue", "pause queue"
+    RESUME_QUEUE = "resume_queue", "resume queue"
 
 
 class OperatorAction(models.Model):
