@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from . import sql
 from .conf import settings
-from .exceptions import InvalidJobOption, UnknownQueue, UnknownTask
+from .exceptions import InvalidJobOption, KeyTakenThenFreed, UnknownQueue, UnknownTask
 from .models import PRIORITY_MAX, PRIORITY_MIN, Job
 from .payloads import encode_json
 from .registry import Handler, registry
@@ -39,8 +39,8 @@ from .validation import (
 )
 
 OPTIONS = frozenset({
-    "queue", "priority", "run_at", "delay", "idempotency_key", "max_attempts", "max_age",
-    "lease", "trace_id", "fairness_key", "payload_version",
+    "queue", "priority", "run_at", "delay", "idempotency_key", "unique_key", "unique_period",
+    "max_attempts", "max_age", "lease", "timeout", "trace_id", "fairness_key", "payload_version",
 })
 
 
@@ -60,9 +60,11 @@ class JobSpec:
 def enqueue(task: str | Handler, payload: Any, **options: Any) -> Job:
     """Enqueue one job in the caller's transaction and return it.
 
-    Options: queue, priority, run_at or delay, idempotency_key, max_attempts, max_age, lease,
-    trace_id, fairness_key, payload_version, using. A second enqueue with the same task and
-    idempotency_key returns the existing job (``job.created`` is False) and writes nothing.
+    Options: queue, priority, run_at or delay, idempotency_key, unique_key and unique_period,
+    max_attempts, max_age, lease, timeout, trace_id, fairness_key, payload_version, using. A
+    second enqueue with the same task and idempotency_key returns the existing job
+    (``job.created`` is False) and writes nothing; so does one with the unique_key of an active
+    job (or, with a unique_period, of a job of the same period).
     """
     using = options.pop("using", None)
     return enqueue_many([JobSpec(task, payload, options)], using=using)[0]
@@ -75,16 +77,31 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
         raise InvalidJobOption(f"using must name a database in DATABASES, got {shown(using)}")
     defaults = _Defaults.read()
     rows = [_validate(spec, defaults) for spec in specs]
-    if not rows:
-        return []
+    jobs: list[Job | None] = [None] * len(rows)
+    pending = list(range(len(rows)))
+    # A refused row whose key holder finished before it could be read back is sent again: its
+    # key is free now. Twice more at most; each time some holder finished within milliseconds.
+    for _ in range(3):
+        if not pending:
+            break
+        batch = [rows[i] for i in pending]
+        for i, job in zip(pending, _insert(batch, defaults.notify, alias), strict=True):
+            jobs[i] = job
+        pending = [i for i in pending if jobs[i] is None]
+    if pending:
+        job = rows[pending[0]].job
+        raise KeyTakenThenFreed(job.task, job.idempotency_key or job.unique_key or "")
+    return [job for job in jobs if job is not None]
+
+
+def _insert(rows: Sequence[_Row], notify: bool, alias: str) -> list[Job | None]:
+    """One INSERT of ``rows``; each row's job, the one holding its key, or None if that is gone."""
     with connections[alias].cursor() as cursor:
         if len(rows) == 1:
-            cursor.execute(_enqueue_sql("enqueue_rows_one"), [*rows[0].values, defaults.notify])
+            cursor.execute(_enqueue_sql("enqueue_rows_one"), [*rows[0].values, notify])
         else:
             columns = zip(*(row.values for row in rows), strict=True)
-            cursor.execute(
-                _enqueue_sql("enqueue_rows_many"), [*map(list, columns), defaults.notify]
-            )
+            cursor.execute(_enqueue_sql("enqueue_rows_many"), [*map(list, columns), notify])
         returned = cursor.fetchall()
     return _pair_with_rows(rows, returned, alias)
 
@@ -127,6 +144,7 @@ class _Defaults:
 class _Row:
     job: Job
     values: tuple[Any, ...]
+    unique_period: float | None = None
 
 
 def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
@@ -152,6 +170,9 @@ def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
     run_at = opts.get("run_at")
     delay = opts.get("delay")
     key = opts.get("idempotency_key")
+    unique_key = opts.get("unique_key")
+    unique_period = opts.get("unique_period")
+    timeout = _first(opts.get("timeout"), handler.timeout)
     max_attempts = _first(opts.get("max_attempts"), handler.max_attempts, defaults.max_attempts)
     max_age = _first(opts.get("max_age"), handler.max_age)
     lease = _first(opts.get("lease"), handler.lease)
@@ -172,6 +193,14 @@ def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
     _check("max_age", duration_problem(max_age, 0, DURATION_MAX_SECONDS, low_inclusive=False)
            if max_age is not None else None)
     _check("idempotency_key", text_problem(key, KEY_MAX_LENGTH) if key is not None else None)
+    _check("unique_key", text_problem(unique_key, KEY_MAX_LENGTH)
+           if unique_key is not None else None)
+    _check("unique_period", duration_problem(unique_period, 1, DURATION_MAX_SECONDS)
+           if unique_period is not None else None)
+    if unique_period is not None and unique_key is None:
+        raise InvalidJobOption("unique_period needs a unique_key (the key it makes unique)")
+    _check("timeout", duration_problem(timeout, 0, DURATION_MAX_SECONDS, low_inclusive=False)
+           if timeout is not None else None)
     _check("trace_id", text_problem(trace_id, TRACE_MAX_LENGTH, allow_empty=True)
            if trace_id is not None else None)
     _check("fairness_key", text_problem(fairness_key, FAIRNESS_KEY_MAX_LENGTH)
@@ -196,14 +225,18 @@ def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
         snoozes=0,
         lease_seconds=lease_seconds,
         idempotency_key=key,
+        unique_key=unique_key,
+        timeout_seconds=seconds_of(timeout) if timeout is not None else None,
         trace_id=trace_id,
         fairness_key=fairness_key,
     )
+    period = seconds_of(unique_period) if unique_period is not None else None
     values = (
         name, payload_version, queue, encoded, priority, run_at, delay_seconds, max_attempts,
-        max_age_seconds, lease_seconds, key, trace_id, fairness_key,
+        max_age_seconds, lease_seconds, key, unique_key, period, job.timeout_seconds, trace_id,
+        fairness_key,
     )
-    return _Row(job, values)
+    return _Row(job, values, period)
 
 
 def _check(option: str, problem: str | None) -> None:
@@ -269,31 +302,62 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> str:
     )
 
 
-def _pair_with_rows(rows: Sequence[_Row], returned: list[tuple[Any, ...]], alias: str) -> list[Job]:
-    # A returned row is found by (task, key): two tasks may use the same idempotency key. Jobs
-    # without a key come back in the order they were given.
-    inserted = {(r[1], r[2]): r for r in returned if r[2] is not None}
-    unkeyed = iter(r for r in returned if r[2] is None)
-    jobs: list[Job] = []
+def _pair_with_rows(
+    rows: Sequence[_Row], returned: list[tuple[Any, ...]], alias: str
+) -> list[Job | None]:
+    # A returned row is found by what made it unique: (task, idempotency key), else (task,
+    # unique key). Jobs with neither come back in the order they were given.
+    inserted: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+    plain = []
+    for r in returned:
+        if r[2] is not None:
+            inserted[(r[1], "idempotency", r[2])] = r
+        elif r[3] is not None:
+            inserted[(r[1], "unique", r[3])] = r
+        else:
+            plain.append(r)
+    unkeyed = iter(plain)
+    jobs: list[Job | None] = []
     for row in rows:
         job = row.job
-        identity = (job.task, job.idempotency_key)
-        found = next(unkeyed) if job.idempotency_key is None else inserted.pop(identity, None)
+        if job.idempotency_key is not None:
+            found = inserted.pop((job.task, "idempotency", job.idempotency_key), None)
+        elif job.unique_key is not None:
+            found = inserted.pop((job.task, "unique", job.unique_key), None)
+        else:
+            found = next(unkeyed)
         if found is None:
-            # The key was taken before this statement, or by an earlier spec of this one.
-            existing = Job.objects.using(alias).get(
-                task=job.task, idempotency_key=job.idempotency_key
-            )
-            existing.created = False  # type: ignore[attr-defined]
-            jobs.append(existing)
+            # A unique index refused it: the key was taken before this statement, or by an
+            # earlier spec of this one.
+            jobs.append(_existing(row, alias))
             continue
-        job.id, _, _, job.status, job.run_at, job.deadline, job.created_at = found[:7]
+        (job.id, _, _, _, job.status, job.run_at, job.deadline, job.created_at) = found[:8]
         job.updated_at = job.created_at
         job._state.adding = False
         job._state.db = alias
         job.created = True  # type: ignore[attr-defined]
         jobs.append(job)
     return jobs
+
+
+def _existing(row: _Row, alias: str) -> Job | None:
+    """The job that holds the idempotency or unique key ``row`` was refused for, if any now."""
+    job = row.job
+    if job.idempotency_key is not None:
+        existing = Job.objects.using(alias).filter(
+            task=job.task, idempotency_key=job.idempotency_key).first()
+    else:
+        existing = None
+    if existing is None and job.unique_key is not None:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(sql.query("existing_unique_job"), {
+                "task": job.task, "key": job.unique_key, "period": row.unique_period})
+            found = cursor.fetchone()
+        existing = Job.objects.using(alias).filter(pk=found[0]).first() if found else None
+    if existing is None:
+        return None  # the holder finished (or was pruned) since the INSERT: the key is free
+    existing.created = False  # type: ignore[attr-defined]
+    return existing
 
 
 __all__ = ["JobSpec", "encode_payload", "enqueue", "enqueue_many"]

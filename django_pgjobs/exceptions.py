@@ -48,6 +48,20 @@ class InvalidJobOption(EnqueueError):
     pass
 
 
+class KeyTakenThenFreed(PgJobsError):
+    """A unique key was held when the INSERT ran and free when its holder was read back.
+
+    The holding job finished in between (or was pruned). Nothing was written; enqueueing again
+    takes the key. Rare, and only with unique keys of jobs that finish within milliseconds.
+    """
+
+    def __init__(self, task: str, key: str) -> None:
+        super().__init__(f"task {task!r}: the key {key!r} was held when this enqueue ran and "
+                         "freed just after; enqueue again")
+        self.task = task
+        self.key = key
+
+
 # --- handlers raise these to say what kind of failure happened ------------------------------
 
 
@@ -88,4 +102,16 @@ class Snooze(HandlerSignal):
 
 class LeaseLost(PgJobsError):
     """This worker no longer owns the job: another attempt or an operator took it over."""
+
+
+class TimedOut(LeaseLost):
+    """The job ran past its timeout: its worker has settled it as timed out.
+
+    ``ctx.heartbeat()`` raises it from then on. A handler that lists it in ``permanent_on``
+    makes its timeouts permanent (dead at once) instead of retried.
+    """
+
+
+class Cancelled(LeaseLost):
+    """An operator cancelled the running job: its worker has settled it as cancelled."""
 
