@@ -41,6 +41,8 @@ class QueueStats:
     oldest_ready_age_seconds: float | None = None
     # PGJOBS_BACKLOG_MAX_AGE_SECONDS for this queue (or its "*" entry); None: no policy.
     backlog_max_age_seconds: float | None = None
+    # An operator paused it: workers claim nothing from it until it is resumed.
+    paused: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -150,6 +152,8 @@ def queue_stats(
         counts.setdefault(queue, {})[key] = int(n)
     for queue, age in _fetch("stats_oldest_ready", [], using):
         counts.setdefault(queue, {})["oldest_ready_age_seconds"] = float(age)
+    for (queue,) in _fetch("stats_paused_queues", [], using):
+        counts.setdefault(queue, {})["paused"] = True
     policy = backlog_policy()
     for queue in [*(settings.QUEUES or ()), *(q for q in policy if q != "*")]:
         counts.setdefault(queue, {})

@@ -45,6 +45,13 @@ def node_types(report) -> list[str]:
     return [node["Node Type"] for node in report.nodes()]
 
 
+def seq_scanned(report) -> set[str]:
+    """The tables a plan reads whole. The queue-state table (one row per paused queue) may be:
+    reading it whole is the right plan for a table that small; the history tables may not."""
+    return {node.get("Relation Name") for node in report.nodes()
+            if node["Node Type"] == "Seq Scan"} - {"pgjobs_queue"}
+
+
 # --- small history ------------------------------------------------------------------------------
 
 
@@ -110,7 +117,7 @@ def test_the_claim_reads_its_batch_through_the_claim_index_and_nothing_else(
     [scan] = [n for n in report.nodes() if n.get("Index Name") == "pgjobs_job_claim_idx"]
     assert (scan["Node Type"], scan["Actual Rows"], scan["Actual Loops"]) == ("Index Scan", 10, 1)
     assert scan["Index Cond"] == "((queue)::text = 'q3'::text)"
-    assert "Seq Scan" not in node_types(report)
+    assert seq_scanned(report) == set()
     assert not [t for t in node_types(report) if t.startswith("Bitmap")]
     # The candidates through the claim index, then each one again by primary key to update it.
     assert (report.rows_via_index, report.rows_read) == (10, 20)
@@ -121,7 +128,7 @@ def test_every_hot_query_reads_about_its_batch_on_large_history(history: None) -
     reports = {name: explain(name, queue="q3", batch=BATCH) for name in HOT_QUERIES}
     for report in reports.values():
         assert report.ok, report.render()
-        assert "Seq Scan" not in node_types(report), report.render()
+        assert seq_scanned(report) == set(), report.render()
     # Bounds, not exact counts: how many index entries a scan visits moves between PostgreSQL
     # majors (18 reads one row fewer than 15 for the loose scan of ready_queues). What must hold
     # on every major is that each query does its batch's work and reads about that much, however

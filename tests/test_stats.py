@@ -296,7 +296,7 @@ def test_stats_command_prints_the_tables() -> None:
 
     row = next(line for line in text.splitlines() if line.startswith("mail "))
     assert row.split()[:7] == ["mail", "2", "0", "0", "2", "0", "0"]
-    assert row.split()[-2:] == ["60.0", "UNHEALTHY"]
+    assert row.split()[-3:] == ["60.0", "UNHEALTHY", "running"]
     failure = next(line for line in text.splitlines() if line.startswith("transient "))
     assert failure.split() == ["transient", "tests.transient", "1"]
     assert "Leases: 0 expired (rescue pending), 0 expiring within 10s" in text
@@ -310,7 +310,7 @@ def test_stats_command_json_matches_the_snapshot() -> None:
         "queue": "mail", "ready": 3, "scheduled": 0, "running": 0, "retrying": 0,
         "dead_recent": 0, "cancelled_recent": 0,
         "oldest_ready_age_seconds": data["queues"][0]["oldest_ready_age_seconds"],
-        "backlog_max_age_seconds": None, "healthy": True,
+        "backlog_max_age_seconds": None, "paused": False, "healthy": True,
     }]
     assert data["leases"] == {"expired": 0, "expiring_soon": 0, "soon_seconds": 10.0}
     assert len(data["throughput"]) == 60

@@ -40,6 +40,7 @@ class QueueRow:
     oldest_ready: str
     policy: str
     healthy: bool
+    paused: bool = False
 
 
 def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
@@ -57,6 +58,7 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
             policy="none" if q.backlog_max_age_seconds is None
             else duration_text(q.backlog_max_age_seconds),
             healthy=q.healthy,
+            paused=q.paused,
         )
         for q in snap.queues
     ]
@@ -73,6 +75,7 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
         "throughput_total": sum(p.succeeded + p.dead for p in snap.throughput),
         "recent_hours": round(snap.windows.get("recent_seconds", 0) / 3600),
         "latency_minutes": round(snap.windows.get("latency_window_seconds", 0) / 60),
+        "queues_url": reverse("admin:pgjobs_queuestate_changelist"),
     }
 
 

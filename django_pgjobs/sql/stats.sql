@@ -17,6 +17,10 @@ SELECT queue, status, count(*) FROM pgjobs_job
 WHERE status IN ('dead', 'cancelled') AND finished_at >= now() - make_interval(secs => %s)
 GROUP BY queue, status
 
+-- name: stats_paused_queues
+-- One row per queue an operator paused (the table holds one row per queue ever paused).
+SELECT name FROM pgjobs_queue WHERE paused ORDER BY name
+
 -- name: stats_oldest_ready
 -- The oldest ready job of each queue, found without reading the backlog: a skip scan over the
 -- claim index (queue, priority DESC, run_at, id) visits the head of each (queue, priority)

@@ -60,10 +60,11 @@ class Command(BaseCommand):
         out = ["Queues"]
         out += _table(
             ["queue", "ready", "scheduled", "running", "retrying", f"dead {recent_h}h",
-             f"cancelled {recent_h}h", "oldest ready s", "policy s", "backlog"],
+             f"cancelled {recent_h}h", "oldest ready s", "policy s", "backlog", "state"],
             [[q.queue, q.ready, q.scheduled, q.running, q.retrying, q.dead_recent,
               q.cancelled_recent, q.oldest_ready_age_seconds, q.backlog_max_age_seconds,
-              "ok" if q.healthy else "UNHEALTHY"] for q in snap.queues],
+              "ok" if q.healthy else "UNHEALTHY", "PAUSED" if q.paused else "running"]
+             for q in snap.queues],
         ) if snap.queues else ["  (no jobs)"]
         leases = snap.leases
         out += ["", f"Leases: {leases.expired} expired (rescue pending), {leases.expiring_soon} "
