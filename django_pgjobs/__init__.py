@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
+    Cancelled,
     EnqueueError,
     InvalidJobOption,
     LeaseLost,
@@ -18,6 +19,7 @@ from .exceptions import (
     PgJobsError,
     RetryAfter,
     Snooze,
+    TimedOut,
     Transient,
     UnknownQueue,
     UnknownTask,
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from .models import Job
 
 __all__ = [
+    "Cancelled",
     "EnqueueError",
     "Handler",
     "InvalidJobOption",
@@ -40,6 +43,7 @@ __all__ = [
     "PgJobsError",
     "RetryAfter",
     "Snooze",
+    "TimedOut",
     "Transient",
     "UnknownQueue",
     "UnknownTask",

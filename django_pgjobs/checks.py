@@ -108,6 +108,8 @@ SETTING_RULES: dict[str, Rule] = {
     "SETTLE_FLUSH_SECONDS": _seconds(0, 60),
     "SHUTDOWN_GRACE_SECONDS": _seconds(0, DAY_SECONDS, low_inclusive=True),
     "BURST_UNREACHABLE_SECONDS": _seconds(0, DAY_SECONDS),
+    "CANCEL_CHECK_SECONDS": _seconds(0, 60),
+    "KILL_GRACE_SECONDS": _seconds(0, 3600),
     "RECEIPT_RETENTION_SECONDS": _seconds(0, 100 * YEAR_SECONDS),
     "RETENTION_SECONDS": _retention,
     "PRUNE_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),

@@ -28,6 +28,10 @@ DEFAULT_RESCUE_BATCH = 500
 DEFAULT_PROMOTE_BATCH = 5000
 DEFAULT_SETTLE_FLUSH_SECONDS = 0.05
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
+# How often a worker asks whether an operator cancelled one of its running jobs.
+DEFAULT_CANCEL_CHECK_SECONDS = 0.5
+# How long a process-isolated handler's child gets after SIGTERM before SIGKILL.
+DEFAULT_KILL_GRACE_SECONDS = 2.0
 # A --burst worker that cannot reach its database for this long exits non-zero; a long-running
 # worker retries for as long as an outage lasts.
 DEFAULT_BURST_UNREACHABLE_SECONDS = 30.0

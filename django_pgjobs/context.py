@@ -6,9 +6,11 @@ import logging
 import threading
 from contextlib import AbstractContextManager
 
+from asgiref.sync import sync_to_async
+
 from . import receipts
 from .claimed import ClaimedJob
-from .exceptions import LeaseLost
+from .exceptions import Cancelled, LeaseLost, TimedOut
 from .transitions import extend_leases
 
 logger = logging.getLogger("django_pgjobs.handler")
@@ -22,7 +24,8 @@ class JobContext:
         self.worker_id = worker_id
         self.using = using
         self._lease_lost = threading.Event()
-        self._cancel_requested = threading.Event()
+        self._cancelled = threading.Event()
+        self._timed_out = threading.Event()
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -49,38 +52,70 @@ class JobContext:
         return self._lease_lost.is_set()
 
     @property
-    def cancel_requested(self) -> bool:
-        """True once an operator asked this running job to stop."""
-        return self._cancel_requested.is_set()
+    def cancelled(self) -> bool:
+        """True once an operator cancelled this running job: stop; the job is already cancelled."""
+        return self._cancelled.is_set()
+
+    # The name of 0.1, when a cancel was only a request: kept for handlers that check it.
+    cancel_requested = cancelled
+
+    @property
+    def timed_out(self) -> bool:
+        """True once the job ran past its timeout: stop; the worker settled it as timed out."""
+        return self._timed_out.is_set()
 
     def heartbeat(self) -> None:
-        """Extend the lease now (fenced); raise ``LeaseLost`` if this worker no longer owns it."""
+        """Extend the lease now (fenced).
+
+        Raise ``TimedOut`` after the job's timeout, ``Cancelled`` after an operator's cancel,
+        ``LeaseLost`` once this worker no longer owns the job: in each case, stop.
+        """
         if not self._lease_lost.is_set():
             extended = extend_leases([(self.job.id, self.job.lease_token)], using=self.using)
             self.heartbeat_answered(self.job.id in extended, extended.get(self.job.id, False))
+        if self._timed_out.is_set():
+            raise TimedOut(f"job {self.job.id}: timed out after {self.job.timeout_seconds:g}s")
+        if self._cancelled.is_set():
+            raise Cancelled(f"job {self.job.id}: cancelled by an operator")
         if self._lease_lost.is_set():
             raise LeaseLost(f"job {self.job.id}: lease lost")
+
+    async def aheartbeat(self) -> None:
+        """``heartbeat`` for an async handler (the database call runs off the event loop)."""
+        await sync_to_async(self.heartbeat, thread_sensitive=True)()
+
+    def taken_over(self, *, timed_out: bool = False, cancelled: bool = False) -> None:
+        """The worker settled this job while its handler ran (timeout, cancel): tell the handler.
+
+        Its lease is gone with the settlement, so whatever it reports later is recorded lost.
+        """
+        if timed_out:
+            self._timed_out.set()
+        if cancelled:
+            self._cancelled.set()
+        self._lease_lost.set()
 
     def heartbeat_answered(self, extended: bool, cancel_requested: bool) -> None:
         """Record what a heartbeat found, whether the handler or the worker sent it.
 
         Not extended: another attempt or the rescue step has the job; the handler sees
-        ``lease_lost``. Extended: the lease's time counts from now, and an operator's cancel
-        request shows as ``cancel_requested``.
+        ``lease_lost``. Extended: the lease's time counts from now. An operator's cancel shows
+        as ``cancelled`` at once (the worker settles the job within a second).
         """
         if not extended:
             self._lease_lost.set()
             return
         self.job.lease_renewed()
         if cancel_requested:
-            self._cancel_requested.set()
+            self._cancelled.set()
 
     def receipt(
         self, scope: str, *, key: str, retention_seconds: float | None = None
     ) -> AbstractContextManager[receipts.Receipt]:
         """Hold the idempotency receipt ``(scope, key)``; see ``receipts.receipt``."""
         return receipts.receipt(
-            scope, key, job_id=self.job.id, retention_seconds=retention_seconds, using=self.using
+            scope, key, job_id=self.job.id, lease_token=self.job.lease_token,
+            retention_seconds=retention_seconds, using=self.using,
         )
 
     def __repr__(self) -> str:

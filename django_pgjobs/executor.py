@@ -1,7 +1,13 @@
-"""Run one claimed job and turn what happened into an ``Outcome``. Never raises."""
+"""Run one claimed job and turn what happened into an ``Outcome``. Never raises.
+
+``execute`` runs a handler in the calling thread; ``aexecute`` awaits an async handler on the
+caller's event loop. Both share every step but the call, so a job means the same either way.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import time
 import traceback
@@ -11,9 +17,9 @@ from typing import Any
 from .claimed import ClaimedJob
 from .conf import settings
 from .context import JobContext
-from .exceptions import Snooze
+from .exceptions import Snooze, TimedOut
 from .outcomes import Outcome
-from .registry import redactor_for, registry, upgrade_payload
+from .registry import Handler, redactor_for, registry, upgrade_payload
 from .retry import classify, decide
 from .status import FailureClass, TerminalReason
 
@@ -24,6 +30,66 @@ TRACEBACK_MAX_CHARS = 32000
 def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
     """Run the handler for ``job`` and say what should become of it."""
     started = time.monotonic()
+    ready = _prepare(job, started)
+    if isinstance(ready, Outcome):
+        return ready
+    handler, payload = ready
+    try:
+        result = handler(ctx, payload)
+        if inspect.isawaitable(result):
+            # An async handler run by a caller that has no event loop for it (a thread
+            # executor, a test helper): run it to its end here.
+            result = asyncio.run(_awaited(result))
+    except BaseException as exc:  # a handler's failure is data, never the worker's crash
+        return _raised(job, handler, started, exc)
+    return _returned(job, started, result)
+
+
+async def aexecute(job: ClaimedJob, ctx: JobContext) -> Outcome:
+    """``execute`` for an async handler, on the caller's event loop; cancelling it cancels the
+    handler, and the outcome then says it was cancelled."""
+    started = time.monotonic()
+    ready = _prepare(job, started)
+    if isinstance(ready, Outcome):
+        return ready
+    handler, payload = ready
+    try:
+        result = handler(ctx, payload)
+        if inspect.isawaitable(result):
+            result = await result
+    except BaseException as exc:
+        return _raised(job, handler, started, exc)
+    return _returned(job, started, result)
+
+
+def timed_out(job: ClaimedJob, *, ran_seconds: float) -> Outcome:
+    """The outcome of a job still running at its timeout: failed, class ``timeout``.
+
+    The retry policy decides what follows, unless the handler lists ``TimedOut`` in its
+    ``permanent_on``, which makes the timeout permanent.
+    """
+    handler = registry.resolve(job.task)
+    permanent = handler is not None and any(
+        issubclass(TimedOut, kind) for kind in handler.permanent_on)
+    decision = decide(
+        FailureClass.PERMANENT if permanent else FailureClass.TIMEOUT, attempts=job.attempt,
+        max_attempts=job.max_attempts, created_at=job.created_at, deadline=job.deadline,
+        now=job.database_now(),
+    )
+    return Outcome.failed(
+        job, FailureClass.TIMEOUT, decision,
+        error=f"timed out: still running after {ran_seconds:.1f}s "
+              f"(timeout {job.timeout_seconds:g}s)",
+        duration_ms=int(ran_seconds * 1000),
+    )
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _prepare(job: ClaimedJob, started: float) -> tuple[Handler, Any] | Outcome:
+    """The handler and the payload it takes, or the outcome of a job that cannot run."""
     if job.deadline is not None and job.database_now() >= job.deadline:
         return Outcome.dead(job, TerminalReason.DEADLINE_PASSED,
                             "deadline passed before the job ran")
@@ -38,19 +104,22 @@ def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
             f"(version {handler.version})", "",
         )
     try:
-        payload = upgrade_payload(handler, job.payload, job.payload_version)
+        return handler, upgrade_payload(handler, job.payload, job.payload_version)
     except LookupError as exc:  # a missing upgrade step: no retry can decode this payload
         return _failed(job, started, FailureClass.PERMANENT, _describe(exc), "")
-    try:
-        result = handler(ctx, payload)
-    except Snooze as snooze:
-        return _snoozed(job, started, snooze.seconds)
-    except BaseException as exc:  # a handler's failure is data, never the worker's crash
-        tb = "".join(traceback.format_exception(exc))
-        failure_class, hint = classify(
-            exc, retry_on=handler.retry_on, permanent_on=handler.permanent_on
-        )
-        return _failed(job, started, failure_class, _describe(exc), tb, hint)
+
+
+def _raised(job: ClaimedJob, handler: Handler, started: float, exc: BaseException) -> Outcome:
+    if isinstance(exc, Snooze):
+        return _snoozed(job, started, exc.seconds)
+    tb = "".join(traceback.format_exception(exc))
+    failure_class, hint = classify(
+        exc, retry_on=handler.retry_on, permanent_on=handler.permanent_on
+    )
+    return _failed(job, started, failure_class, _describe(exc), tb, hint)
+
+
+def _returned(job: ClaimedJob, started: float, result: Any) -> Outcome:
     try:
         result_json = json.dumps(result, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:

@@ -13,7 +13,11 @@ not on the list, so no code path can invent a transition.
 - ``snoozed`` -> scheduled or ready, the attempt given back (the handler raised ``Snooze``);
 - ``released`` -> ready, the attempt given back (the worker: handed back unstarted because it
   is stopping, the lease is too short to start, or the database is away);
-- ``lease_expired`` -> retrying or dead (the rescue step: the holder's lease ran out).
+- ``lease_expired`` -> retrying or dead (the rescue step: the holder's lease ran out);
+- ``timed_out`` -> retrying or dead (the worker: the handler was still running at its timeout;
+  the policy for the ``timeout`` class decides);
+- ``cancelled`` -> cancelled (the worker: an operator asked the running job to stop; the rescue
+  step, for a job whose worker is gone).
 """
 
 from __future__ import annotations
@@ -32,6 +36,16 @@ WAYS_OUT: dict[AttemptOutcome, frozenset[JobStatus]] = {
     AttemptOutcome.SNOOZED: frozenset({JobStatus.SCHEDULED, JobStatus.READY}),
     AttemptOutcome.RELEASED: frozenset({JobStatus.READY}),
     AttemptOutcome.LEASE_EXPIRED: frozenset({JobStatus.RETRYING, JobStatus.DEAD}),
+    AttemptOutcome.TIMED_OUT: frozenset({JobStatus.RETRYING, JobStatus.DEAD}),
+    AttemptOutcome.CANCELLED: frozenset({JobStatus.CANCELLED}),
+}
+
+
+# Failures that are not the handler's report but a takeover of its attempt, by the rescue step
+# (the lease ran out) or by the worker (the timeout passed).
+_TAKEN_OVER = {
+    FailureClass.LEASE_EXPIRED: AttemptOutcome.LEASE_EXPIRED,
+    FailureClass.TIMEOUT: AttemptOutcome.TIMED_OUT,
 }
 
 
@@ -89,8 +103,8 @@ class Outcome:
     ) -> Outcome:
         """The attempt failed; the retry policy's ``decision`` says retry or dead."""
         dead = decision.status == JobStatus.DEAD
-        if failure_class == FailureClass.LEASE_EXPIRED:
-            attempt_outcome = AttemptOutcome.LEASE_EXPIRED
+        if failure_class in _TAKEN_OVER:
+            attempt_outcome = _TAKEN_OVER[failure_class]
         else:
             attempt_outcome = AttemptOutcome.DEAD if dead else AttemptOutcome.FAILED
         return cls(job.id, job.lease_token, decision.status, attempt_outcome,
@@ -122,6 +136,13 @@ class Outcome:
         return cls(job.id, job.lease_token, JobStatus.READY, AttemptOutcome.RELEASED,
                    counted=False, error=reason, task=job.task, attempt=job.attempt,
                    trace_id=job.trace_id)
+
+    @classmethod
+    def cancelled(cls, job: Held, error: str) -> Outcome:
+        """An operator asked the running job to stop: it ends cancelled, never retried."""
+        return cls(job.id, job.lease_token, JobStatus.CANCELLED, AttemptOutcome.CANCELLED,
+                   terminal_reason=TerminalReason.OPERATOR, error=error, task=job.task,
+                   attempt=job.attempt, trace_id=job.trace_id)
 
     def without_text(self) -> Outcome:
         """This outcome without the error, traceback and result that could not be stored."""

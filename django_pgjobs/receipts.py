@@ -1,14 +1,20 @@
 """Idempotency receipts: a side effect that must not repeat is recorded once per (scope, key).
 
 The receipt row commits in the same transaction as the handler's local database side effect, so
-either both happen or neither does. For an external provider, pass ``receipt.key`` as the
-provider's idempotency key and store its response as ``receipt.result``: a retry after an
-ambiguous outcome finds the receipt done and replays the stored result instead of calling again.
+either both happen or neither does. Held by a job, the block commits only while that job still
+holds its lease: its last statement locks the job's row and checks the token, and a worker that
+lost the lease inside the block (it stalled past it, the job timed out or was cancelled) rolls
+the block back with ``LeaseLost``, so a stale holder's local side effects never commit.
+
+For an external provider, pass ``receipt.key`` as the provider's idempotency key and store its
+response as ``receipt.result``: a retry after an ambiguous outcome finds the receipt done and
+replays the stored result instead of calling again.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +23,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from . import sql
 from .conf import settings
+from .exceptions import LeaseLost
 from .payloads import encode_json
 
 _UNSET = object()
@@ -58,6 +65,7 @@ def receipt(
     key: str,
     *,
     job_id: int | None = None,
+    lease_token: uuid.UUID | None = None,
     retention_seconds: float | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Iterator[Receipt]:
@@ -88,3 +96,10 @@ def receipt(
                 sql.query("record_receipt_result"),
                 [_encode(held.result), receipt_id],
             )
+        if job_id is not None and lease_token is not None:
+            # Locked until this transaction ends, so the lease cannot pass to another attempt
+            # between the check and the commit (the rescue step and settle wait for it).
+            cursor.execute(sql.query("lease_still_held"), [job_id, lease_token])
+            if cursor.fetchone() is None:
+                raise LeaseLost(f"job {job_id}: lease lost inside receipt {scope}:{key}; the "
+                                "block was rolled back")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .conf import settings
 from .exceptions import InvalidJobOption
 from .redaction import Redactor, compile_path
-from .validation import task_name_problem
+from .validation import DURATION_MAX_SECONDS, duration_problem, task_name_problem
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 HandlerFunc = Callable[["JobContext", Any], Any]
 Upgrade = Callable[[Any], Any]
 
+# Where a handler runs: a thread of the worker, or a child process the worker can kill.
+ISOLATIONS = ("thread", "process")
 # Jobs enqueued through the django.tasks backend are named this prefix + the task's module path.
 DJANGO_TASK_PREFIX = "django.tasks:"
 
@@ -37,6 +40,8 @@ class Handler:
         max_age: timedelta | None = None,
         lease: timedelta | None = None,
         heartbeat: bool = False,
+        timeout: timedelta | float | None = None,
+        isolation: str = "thread",
         retry_on: Iterable[type[BaseException]] = (),
         permanent_on: Iterable[type[BaseException]] = (),
         redact: Iterable[str] = (),
@@ -53,6 +58,14 @@ class Handler:
                 f"task {name!r}: heartbeat=True needs an explicit lease= "
                 "(heartbeats are for work that declares a longer lease)"
             )
+        problem = duration_problem(timeout, 0, DURATION_MAX_SECONDS, low_inclusive=False)
+        if timeout is not None and problem is not None:
+            raise InvalidJobOption(f"task {name!r}: timeout {problem}")
+        if isolation not in ISOLATIONS:
+            raise InvalidJobOption(
+                f"task {name!r}: isolation must be one of {', '.join(ISOLATIONS)}, "
+                f"got {isolation!r}"
+            )
         self.func = func
         self.name = name
         self.version = version
@@ -62,6 +75,17 @@ class Handler:
         self.max_age = max_age
         self.lease = lease
         self.heartbeat = heartbeat
+        self.timeout = timeout
+        # "process": the handler runs in a child process, which the worker kills at the timeout
+        # or a cancel; a thread cannot be killed.
+        self.isolation = isolation
+        # An async def handler runs on the worker's event loop, many at once.
+        self.is_async = inspect.iscoroutinefunction(func)
+        if self.is_async and isolation == "process":
+            raise InvalidJobOption(
+                f"task {name!r}: an async handler runs on the worker's event loop; "
+                "isolation='process' is for blocking code"
+            )
         self.retry_on = tuple(retry_on)
         self.permanent_on = tuple(permanent_on)
         self.redact = tuple(redact)

@@ -75,6 +75,14 @@ POLICY: dict[FailureClass, Rule] = {
         bounded_by="max_attempts, deadline",
         examples="the worker died, stalled or lost its connection past the lease",
     ),
+    FailureClass.TIMEOUT: Rule(
+        retries=True,
+        delay=Delay.EXPONENTIAL,
+        uses_attempt=True,
+        bounded_by="max_attempts, deadline",
+        examples="still running at its timeout (timeout= on the handler or the job); permanent "
+        "instead when the handler lists TimedOut in permanent_on",
+    ),
     FailureClass.UNKNOWN: Rule(
         retries=True,
         delay=Delay.EXPONENTIAL,

@@ -13,7 +13,8 @@ class JobStatus(models.TextChoices):
     # Eligible now. A worker's claim moves it to RUNNING; an operator may cancel it.
     READY = "ready", "ready"
     # Leased to one worker. Only the lease holder settles it (to SUCCEEDED, RETRYING, READY on
-    # release or snooze, DEAD); the rescue step takes it when the lease expires.
+    # release or snooze, DEAD, CANCELLED when an operator asked it to stop); the rescue step
+    # takes it when the lease expires.
     RUNNING = "running", "running"
     # Failed, waiting out its backoff. The promote step moves it to READY when due; an operator
     # may cancel or dead-letter it.
@@ -22,7 +23,8 @@ class JobStatus(models.TextChoices):
     SUCCEEDED = "succeeded", "succeeded"
     # Terminal: will not run again without an operator's retry. terminal_reason says why.
     DEAD = "dead", "dead"
-    # Terminal: an operator cancelled it before it ran to an outcome. An operator may retry it.
+    # Terminal: an operator cancelled it (waiting, or running: its worker settled it as
+    # cancelled within a second of the request). An operator may retry it.
     CANCELLED = "cancelled", "cancelled"
 
 
@@ -31,6 +33,8 @@ class JobStatus(models.TextChoices):
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
 # Not running and not finished: an operator may cancel or dead-letter these.
 WAITING_STATUSES = (JobStatus.SCHEDULED, JobStatus.READY, JobStatus.RETRYING)
+# Not finished: a unique key (without a period) is held by a job in one of these.
+ACTIVE_STATUSES = (JobStatus.SCHEDULED, JobStatus.READY, JobStatus.RUNNING, JobStatus.RETRYING)
 # An operator may send these back to ready with a fresh attempt budget.
 RETRYABLE_STATUSES = (JobStatus.DEAD, JobStatus.CANCELLED)
 
@@ -43,6 +47,8 @@ class AttemptOutcome(models.TextChoices):
     SNOOZED = "snoozed", "snoozed"  # the handler deferred itself without using an attempt
     RELEASED = "released", "released"  # handed back unstarted (shutdown, lease too short to start)
     LEASE_EXPIRED = "lease_expired", "lease expired"  # the rescue step found the lease expired
+    TIMED_OUT = "timed_out", "timed out"  # still running at its timeout; the worker settled it
+    CANCELLED = "cancelled", "cancelled"  # an operator cancelled it while it ran
     LOST = "lost", "lost"  # the worker reported after it had lost the lease; nothing applied
 
 
@@ -51,6 +57,7 @@ class FailureClass(models.TextChoices):
     RATE_LIMITED = "rate_limited", "rate limited"
     PERMANENT = "permanent", "permanent"
     LEASE_EXPIRED = "lease_expired", "lease expired"
+    TIMEOUT = "timeout", "timeout"
     UNKNOWN = "unknown", "unknown"
     UNKNOWN_TASK = "unknown_task", "unknown task"
     UNSUPPORTED_VERSION = "unsupported_version", "unsupported payload version"

@@ -30,17 +30,18 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import F
+from django.db.models import Exists, F
 from django.db.models.functions import Now
 
 from . import sql
 from .claimed import ClaimedJob, claimed_jobs
 from .conf import settings
 from .enqueuing import JobSpec, enqueue_many
-from .models import Job, OperatorAction, OperatorActionKind
+from .models import Job, OperatorAction, OperatorActionKind, QueueState
 from .outcomes import Outcome
 from .retry import decide
 from .status import (
+    ACTIVE_STATUSES,
     RETRYABLE_STATUSES,
     TERMINAL_STATUSES,
     WAITING_STATUSES,
@@ -48,6 +49,7 @@ from .status import (
     JobStatus,
     TerminalReason,
 )
+from .validation import queue_problem
 
 # --- 1. the claim ------------------------------------------------------------------------------
 
@@ -59,11 +61,15 @@ _QUEUE_SENTINEL = "\x00pgjobs-queue\x00"
 def claim_jobs(
     worker_id: str, queue: str, limit: int, *, using: str = DEFAULT_DB_ALIAS
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` ready jobs of ``queue`` for ``worker_id``, in one short transaction."""
+    """Claim up to ``limit`` ready jobs of ``queue`` for ``worker_id``, in one short transaction.
+
+    A paused queue gives nothing: the statement reads the queue's pause in the same snapshot.
+    """
     with transaction.atomic(using=using):
         text, params, queue_at = _claim_statement(using, limit)
         params = [*params, worker_id]
-        params[queue_at] = queue
+        for at in queue_at:
+            params[at] = queue
         with connections[using].cursor() as cursor:
             cursor.execute(text, params)
             columns = [column.name for column in cursor.description]
@@ -74,37 +80,41 @@ def claim_jobs(
 def claim_statement(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> str:
     """The claim's whole text as it is sent, candidates included (for EXPLAIN and the docs).
 
-    ``%s`` stand where the queue name and the worker id go, in that order.
+    ``%s`` stand where the queue name (twice: the candidates, the pause) and the worker id go.
     """
     with transaction.atomic(using=using):
         text, params, queue_at = _claim_statement(using, limit)
     # PostgreSQL's operations quote a value the way psycopg sends it client-side.
     compose = connections[using].ops.compose_sql  # type: ignore[attr-defined]
-    literals = [compose("%s", [p]) if i != queue_at else "%s" for i, p in enumerate(params)]
+    literals = [compose("%s", [p]) if i not in queue_at else "%s" for i, p in enumerate(params)]
     return text % (*literals, "%s")
 
 
-def _claim_statement(using: str, limit: int) -> tuple[str, list[Any], int]:
+def _claim_statement(using: str, limit: int) -> tuple[str, list[Any], tuple[int, ...]]:
     # Django refuses to compile select_for_update outside a transaction, so this runs inside
     # the claim's own; it is compiled once per (database, limit) and the text reused.
     cached = _claim_sql_cache.get((using, limit))
     if cached is None:
+        paused = QueueState.objects.using(using).filter(name=_QUEUE_SENTINEL, paused=True)
         candidates = (
             Job.objects.using(using)
             .select_for_update(skip_locked=True)
-            .filter(status=JobStatus.READY, queue=_QUEUE_SENTINEL)
+            # The pause is one probe of pgjobs_queue by primary key, evaluated once per claim
+            # (not per row): its queue is the same parameter as the candidates'.
+            .filter(~Exists(paused), status=JobStatus.READY, queue=_QUEUE_SENTINEL)
             .order_by("-priority", "run_at", "id")
             .values("id")[:limit]
         )
         candidates_sql, candidates_params = candidates.query.get_compiler(using=using).as_sql()
         text = sql.query("claim_jobs").replace("{candidates}", candidates_sql)
         params = list(candidates_params)
-        cached = (text, params, params.index(_QUEUE_SENTINEL))
+        queue_at = tuple(i for i, p in enumerate(params) if p == _QUEUE_SENTINEL)
+        cached = (text, params, queue_at)
         _claim_sql_cache[(using, limit)] = cached
     return cached
 
 
-_claim_sql_cache: dict[tuple[str, int], tuple[str, list[Any], int]] = {}
+_claim_sql_cache: dict[tuple[str, int], tuple[str, list[Any], tuple[int, ...]]] = {}
 
 
 # --- 2. heartbeats --------------------------------------------------------------------------------
@@ -125,6 +135,18 @@ def extend_leases(
             sql.query("extend_leases"), [[p[0] for p in pairs], [p[1] for p in pairs]]
         )
         return {job_id: bool(cancel) for job_id, _, cancel in cursor.fetchall()}
+
+
+def cancel_requested(job_ids: Sequence[int], *, using: str = DEFAULT_DB_ALIAS) -> list[int]:
+    """Which of these running jobs an operator asked to stop (their worker then settles them).
+
+    By primary key, read-only: a worker asks it about the jobs it holds, about twice a second.
+    """
+    if not job_ids:
+        return []
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("cancel_requested"), [list(job_ids)])
+        return [row[0] for row in cursor.fetchall()]
 
 
 # --- 3. the ways out of RUNNING ------------------------------------------------------------------
@@ -177,11 +199,12 @@ class _Expired(NamedTuple):
     trace_id: str
     lease_owner: str
     lease_expires_at: datetime
+    cancel_requested_at: datetime | None
 
 
 # The Job columns _Expired's fields are read from, field by field.
 _EXPIRED_COLUMNS = ("id", "lease_token", "attempts", "max_attempts", "created_at", "deadline",
-                    "task", "trace_id", "lease_owner", "lease_expires_at")
+                    "task", "trace_id", "lease_owner", "lease_expires_at", "cancel_requested_at")
 
 
 def rescue_expired_leases(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> list[Outcome]:
@@ -202,7 +225,10 @@ def rescue_expired_leases(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> list[
             return []
         now = database_now(using=using)
         outcomes = [
-            Outcome.failed(
+            # An operator asked it to stop and its worker is gone: the cancel still sticks.
+            Outcome.cancelled(job, f"cancelled by an operator; the lease held by "
+                                   f"{job.lease_owner} expired before its worker settled it")
+            if job.cancel_requested_at is not None else Outcome.failed(
                 job, FailureClass.LEASE_EXPIRED,
                 decide(FailureClass.LEASE_EXPIRED, attempts=job.attempt,
                        max_attempts=job.max_attempts, created_at=job.created_at,
@@ -305,11 +331,17 @@ def retry_jobs(
     job_ids: Iterable[int], *, actor: Actor = CODE, reason: str = "",
     using: str = DEFAULT_DB_ALIAS,
 ) -> int:
-    """Dead or cancelled jobs back to ready with a fresh attempt budget; receipts are kept."""
+    """Dead or cancelled jobs back to ready with a fresh attempt budget; receipts are kept.
+
+    A job whose unique key another active job holds stays as it is: two active jobs with one
+    key are what the key forbids (the audit row lists it as ``held_elsewhere``).
+    """
     ids = _unique_ids(job_ids)
     with transaction.atomic(using=using):
         before = _lock(ids, using)
         eligible = [i for i, status in before.items() if status in RETRYABLE_STATUSES]
+        held = _unique_keys_held_elsewhere(eligible, using)
+        eligible = [i for i in eligible if i not in held]
         retried = (
             Job.objects.using(using)
             .filter(pk__in=eligible, status__in=RETRYABLE_STATUSES)
@@ -320,7 +352,8 @@ def retry_jobs(
             )
         )
         _audit(OperatorActionKind.RETRY, actor, reason, ids, retried,
-               {"before": _counts(before), "retried": eligible}, using)
+               {"before": _counts(before), "retried": eligible,
+                **({"held_elsewhere": sorted(held)} if held else {})}, using)
         _notify(eligible, using)
     return retried
 
@@ -428,6 +461,45 @@ def replay_job(
     return replay
 
 
+def pause_queue(
+    queue: str, *, actor: Actor = CODE, reason: str = "", using: str = DEFAULT_DB_ALIAS
+) -> bool:
+    """Stop workers claiming from ``queue`` (enqueue still works); True if it was running.
+
+    The claim reads the pause in its own statement, so no claim that starts after this commits
+    takes a job of the queue. Jobs already claimed run to their end.
+    """
+    return _set_paused(queue, True, actor, reason, using)
+
+
+def resume_queue(
+    queue: str, *, actor: Actor = CODE, reason: str = "", using: str = DEFAULT_DB_ALIAS
+) -> bool:
+    """Let workers claim from ``queue`` again; True if it was paused. Idle workers are woken."""
+    return _set_paused(queue, False, actor, reason, using)
+
+
+def _set_paused(queue: str, paused: bool, actor: Actor, reason: str, using: str) -> bool:
+    problem = queue_problem(queue)
+    if problem is not None:
+        raise ValueError(f"queue {problem}")
+    with transaction.atomic(using=using):
+        states = QueueState.objects.using(using)
+        state = states.select_for_update().filter(name=queue).first()
+        was_paused = state is not None and state.paused
+        states.update_or_create(name=queue, defaults={
+            "paused": paused, "changed_at": Now(), "changed_by": actor.name, "reason": reason,
+        })
+        changed = was_paused != paused
+        _audit(OperatorActionKind.PAUSE_QUEUE if paused else OperatorActionKind.RESUME_QUEUE,
+               actor, reason, [], int(changed), {"queue": queue, "was_paused": was_paused}, using)
+        if not paused and changed and settings.NOTIFY:
+            # Workers idle on a paused queue wake as for an enqueue, when this commits.
+            with connections[using].cursor() as cursor:
+                cursor.execute(sql.query("notify_queue"), [queue])
+    return changed
+
+
 def record_raw_payload_view(job_id: int, *, actor: Actor, using: str = DEFAULT_DB_ALIAS) -> None:
     """Audit that ``actor`` saw job ``job_id``'s unredacted payload."""
     _audit(OperatorActionKind.VIEW_RAW_PAYLOAD, actor, "", [job_id], 0, {}, using)
@@ -444,6 +516,25 @@ def _lock(ids: list[int], using: str) -> dict[int, str]:
         .values_list("id", "status")
     )
     return dict(rows)
+
+
+def _unique_keys_held_elsewhere(ids: list[int], using: str) -> set[int]:
+    """The jobs among ``ids`` whose unique key (no period) an active job holds, or an earlier
+    one of ``ids`` will once retried."""
+    keyed = (Job.objects.using(using).filter(pk__in=ids, unique_key__isnull=False,
+                                             unique_period_start__isnull=True)
+             .order_by("id").values_list("id", "task", "unique_key"))
+    held: set[int] = set()
+    taken: set[tuple[str, str | None]] = set()
+    for job_id, task, key in keyed:
+        busy = (task, key) in taken or Job.objects.using(using).filter(
+            task=task, unique_key=key, unique_period_start__isnull=True,
+            status__in=ACTIVE_STATUSES).exists()
+        if busy:
+            held.add(job_id)
+        else:
+            taken.add((task, key))
+    return held
 
 
 def _counts(statuses: dict[int, str]) -> dict[str, int]:
@@ -478,16 +569,19 @@ __all__ = [
     "Actor",
     "AgingBatch",
     "cancel_jobs",
+    "cancel_requested",
     "claim_jobs",
     "claim_statement",
     "dead_letter_jobs",
     "extend_leases",
+    "pause_queue",
     "promote_due_jobs",
     "raise_waiting_priorities",
     "ready_queues",
     "record_raw_payload_view",
     "replay_job",
     "rescue_expired_leases",
+    "resume_queue",
     "retry_jobs",
     "settle",
 ]

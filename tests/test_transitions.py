@@ -284,6 +284,11 @@ def test_every_named_constructor_builds_a_way_out_of_running() -> None:
         Outcome.failed(c, FailureClass.LEASE_EXPIRED,
                        Decision(JobStatus.DEAD, None, TerminalReason.ATTEMPTS_EXHAUSTED),
                        error="e"),
+        Outcome.failed(c, FailureClass.TIMEOUT, Decision(JobStatus.RETRYING, 1.0, ""), error="e"),
+        Outcome.failed(c, FailureClass.TIMEOUT,
+                       Decision(JobStatus.DEAD, None, TerminalReason.ATTEMPTS_EXHAUSTED),
+                       error="e"),
+        Outcome.cancelled(c, "asked to stop"),
         Outcome.dead(c, TerminalReason.SNOOZE_LIMIT, "e"),
         Outcome.snoozed(c, 5.0, 1),
         Outcome.snoozed(c, 0.0, 1),
@@ -304,7 +309,7 @@ def test_a_claim_is_read_by_column_names_not_positions() -> None:
         cursor.execute(
             "SELECT run_at_us, queue, id, task, payload, payload_version, attempts AS attempt, "
             "max_attempts, snoozes, deadline_us, lease_seconds, lease_token, "
-            "lease_expires_at_us, trace_id, priority, created_at_us FROM ("
+            "lease_expires_at_us, trace_id, priority, created_at_us, timeout_seconds FROM ("
             "SELECT *, (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, "
             "(extract(epoch FROM lease_expires_at) * 1000000)::int8 AS lease_expires_at_us, "
             "(extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us, "

@@ -19,7 +19,8 @@ WITH candidates AS (
     WHERE j.id = c.id
     RETURNING j.id, j.task, j.payload_version, j.payload, j.attempts, j.max_attempts,
               j.snoozes, j.deadline, j.lease_seconds, j.lease_token, j.lease_expires_at,
-              j.trace_id, j.queue, j.priority, j.created_at, j.run_at, j.lease_owner
+              j.trace_id, j.queue, j.priority, j.created_at, j.run_at, j.lease_owner,
+              j.timeout_seconds
 ), recorded AS (
     INSERT INTO pgjobs_attempt (job_id, number, worker_id, lease_token, claimed_at, outcome,
                                 reported_outcome, failure_class, error, traceback)
@@ -34,14 +35,15 @@ SELECT id, task, payload_version, payload, attempts AS attempt, max_attempts, sn
        (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, lease_seconds,
        lease_token, (extract(epoch FROM lease_expires_at) * 1000000)::int8 AS lease_expires_at_us,
        trace_id, queue, priority, (extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us,
-       (extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us
+       (extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us, timeout_seconds
 FROM claimed
 ORDER BY priority DESC, run_at, id
 
 -- name: settle_jobs
 -- One fenced statement for a whole batch of outcomes. A job row changes only while it is still
 -- running under the reported lease token; an outcome whose token no longer matches is written
--- to its own attempt as 'lost' and nowhere else.
+-- to its own attempt as 'lost' and nowhere else. A job an operator asked to stop never goes
+-- back to waiting: an outcome that would retry, release or snooze it ends it cancelled.
 WITH reported AS (
     -- The batch arrives as one JSON array of objects keyed by these columns, which are the
     -- fields of outcomes.Outcome of the same names (transitions.settle builds them).
@@ -53,9 +55,11 @@ WITH reported AS (
     )
 ), settled AS (
     UPDATE pgjobs_job AS j
-    SET status = r.status,
-        run_at = CASE WHEN r.delay_seconds IS NULL THEN j.run_at
-                      ELSE now() + make_interval(secs => r.delay_seconds) END,
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL
+                           AND r.status IN ('retrying', 'ready', 'scheduled')
+                      THEN 'cancelled' ELSE r.status END,
+        run_at = CASE WHEN r.delay_seconds IS NULL OR j.cancel_requested_at IS NOT NULL
+                      THEN j.run_at ELSE now() + make_interval(secs => r.delay_seconds) END,
         -- The claim counted the attempt; an outcome that does not count it gives it back.
         attempts = j.attempts - CASE WHEN r.counted THEN 0 ELSE 1 END,
         snoozes = j.snoozes + CASE WHEN r.adds_snooze THEN 1 ELSE 0 END,
@@ -64,20 +68,27 @@ WITH reported AS (
         lease_expires_at = NULL,
         failure_class = CASE WHEN r.failure_class = '' THEN j.failure_class
                              ELSE r.failure_class END,
-        terminal_reason = r.terminal_reason,
+        terminal_reason = CASE WHEN j.cancel_requested_at IS NOT NULL
+                                    AND r.status IN ('retrying', 'ready', 'scheduled')
+                               THEN 'operator' ELSE r.terminal_reason END,
         last_error = CASE WHEN r.error = '' THEN j.last_error ELSE r.error END,
         result = r.result_json::jsonb,
-        finished_at = CASE WHEN r.status IN ('succeeded', 'dead', 'cancelled') THEN now() END,
+        finished_at = CASE WHEN r.status IN ('succeeded', 'dead', 'cancelled')
+                                OR j.cancel_requested_at IS NOT NULL THEN now() END,
         updated_at = now()
     FROM reported AS r
     WHERE j.id = r.job_id AND j.lease_token = r.lease_token AND j.status = 'running'
-    RETURNING r.lease_token
+    RETURNING r.lease_token, j.status
 )
 -- Matched on the token, not the job: one batch can hold a stale report and the winning report
 -- for the same job (a handler ran past its lease and the retry finished before the flush).
 UPDATE pgjobs_attempt AS a
 SET finished_at = now(),
-    outcome = CASE WHEN s.lease_token IS NULL THEN 'lost' ELSE r.attempt_outcome END,
+    outcome = CASE WHEN s.lease_token IS NULL THEN 'lost'
+                   -- A pending cancel ended the job: the attempt says so, and reported_outcome
+                   -- keeps what the handler said.
+                   WHEN s.status = 'cancelled' THEN 'cancelled'
+                   ELSE r.attempt_outcome END,
     reported_outcome = r.attempt_outcome,
     failure_class = r.failure_class,
     error = r.error,
@@ -86,8 +97,11 @@ SET finished_at = now(),
 FROM reported AS r
 LEFT JOIN settled AS s ON s.lease_token = r.lease_token
 -- An attempt already settled stays as it is: a batch sent again after its reply was lost (the
--- connection dropped after the commit) must not turn an applied report into a lost one.
-WHERE a.lease_token = r.lease_token AND a.outcome IN ('running', 'lease_expired')
+-- connection dropped after the commit) must not turn an applied report into a lost one. An
+-- attempt taken over (lease expired, timed out, cancelled) records the holder's late report
+-- as lost.
+WHERE a.lease_token = r.lease_token
+  AND a.outcome IN ('running', 'lease_expired', 'timed_out', 'cancelled')
 RETURNING r.lease_token, s.lease_token IS NOT NULL AS applied
 
 -- name: extend_leases
@@ -98,6 +112,11 @@ SET lease_expires_at = now() + make_interval(secs => j.lease_seconds),
 FROM unnest(%s::bigint[], %s::uuid[]) AS h(id, token)
 WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'running'
 RETURNING j.id, j.lease_expires_at, j.cancel_requested_at IS NOT NULL
+
+-- name: cancel_requested
+-- The jobs of a worker's that an operator asked to stop, by primary key.
+SELECT id FROM pgjobs_job
+WHERE id = ANY(%s::bigint[]) AND status = 'running' AND cancel_requested_at IS NOT NULL
 
 -- name: promote_due_jobs
 -- Scheduled and retrying jobs whose time has come become ready, oldest first, in one bounded
@@ -117,8 +136,8 @@ WHERE j.id = due.id
 RETURNING j.queue
 
 -- name: ready_queues
--- The distinct queues that have ready jobs, read as a loose index scan over the claim index
--- (one index probe per queue instead of a scan of every ready row).
+-- The distinct queues that have ready jobs and are not paused, read as a loose index scan over
+-- the claim index (one index probe per queue instead of a scan of every ready row).
 WITH RECURSIVE q(queue) AS (
     (SELECT queue FROM pgjobs_job WHERE status = 'ready' ORDER BY queue LIMIT 1)
     UNION ALL
@@ -128,7 +147,9 @@ WITH RECURSIVE q(queue) AS (
     FROM q
     WHERE q.queue IS NOT NULL
 )
-SELECT queue FROM q WHERE queue IS NOT NULL
+SELECT q.queue FROM q
+WHERE q.queue IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM pgjobs_queue AS p WHERE p.name = q.queue AND p.paused)
 
 -- name: db_now
 SELECT now()

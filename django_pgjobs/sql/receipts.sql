@@ -11,3 +11,8 @@ SELECT id, result FROM pgjobs_receipt WHERE scope = %s AND key = %s
 
 -- name: record_receipt_result
 UPDATE pgjobs_receipt SET result = %s::jsonb WHERE id = %s
+
+-- name: lease_still_held
+-- The job still runs under this token; its row stays locked (FOR SHARE) until the receipt's
+-- transaction ends, so no settlement or rescue can take the lease before the commit.
+SELECT 1 FROM pgjobs_job WHERE id = %s AND lease_token = %s AND status = 'running' FOR SHARE

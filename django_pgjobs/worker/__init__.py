@@ -7,12 +7,22 @@ per-thread connection handling. The management command ``pgjobs_worker`` only pa
 calls ``Worker(...).run()``.
 """
 
+from .aio import DEFAULT_ASYNC_CONCURRENCY
 from .connections import database_target
-from .core import EXIT_DATABASE_UNREACHABLE, MAX_BATCH_SIZE, MAX_CONCURRENCY, Counters, Worker
+from .core import (
+    EXIT_DATABASE_UNREACHABLE,
+    MAX_ASYNC_CONCURRENCY,
+    MAX_BATCH_SIZE,
+    MAX_CONCURRENCY,
+    Counters,
+    Worker,
+)
 from .queues import weighted_rotation
 
 __all__ = [
+    "DEFAULT_ASYNC_CONCURRENCY",
     "EXIT_DATABASE_UNREACHABLE",
+    "MAX_ASYNC_CONCURRENCY",
     "MAX_BATCH_SIZE",
     "MAX_CONCURRENCY",
     "Counters",

@@ -3,12 +3,15 @@
 Threads, each with its own database connection:
 
 - N executors: claim a batch from the next queue in turn (``queues.QueueRotation``) and run it
-  (``slots.BatchRunner``);
+  (``slots.BatchRunner``): thread handlers in the executor, process-isolated ones in its child
+  process (``isolation``), async ones on the event loop (``aio.AsyncRunner``, a thread of its
+  own, started on the first async job);
 - one settler (``settler.Settler``): applies outcomes in batched fenced statements and sends
   heartbeats;
 - one listener (unless poll-only, ``notify.Listener``): LISTENs for enqueue notifications and
   wakes idle executors;
-- the main thread: maintenance steps on their cadence, the watchdog, and signals.
+- the main thread: maintenance steps on their cadence, the watchdog (timeouts, operators'
+  cancels, hung handlers: ``slots.Watchdog``, ``running.RunningJobs``), and signals.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ..outcomes import Outcome
 from ..status import AttemptOutcome
 from ..transitions import claim_jobs, promote_due_jobs, ready_queues
 from ..validation import escape_control, queue_problem, whole_number_problem
+from .aio import DEFAULT_ASYNC_CONCURRENCY, AsyncRunner
 from .connections import (
     Outage,
     database_error_text,
@@ -45,6 +49,7 @@ from .connections import (
     reset_connection,
 )
 from .queues import QueueRotation
+from .running import RunningJobs
 from .settler import Settler, SettlerConfig
 from .slots import BatchRunner, Slot, Watchdog
 
@@ -56,6 +61,7 @@ EXIT_DATABASE_UNREACHABLE = 3
 # Each executor holds a database connection; a claim of a batch holds its rows' locks.
 MAX_CONCURRENCY = 100
 MAX_BATCH_SIZE = 1000
+MAX_ASYNC_CONCURRENCY = 10_000
 
 
 def default_worker_id() -> str:
@@ -129,9 +135,11 @@ class Worker:
         maintenance: Sequence[Periodic] | None = None,
         queue_weights: Mapping[str, int] | None = None,
         listen: bool | None = None,
+        async_concurrency: int = DEFAULT_ASYNC_CONCURRENCY,
     ) -> None:
         for name, value, high in (("concurrency", concurrency, MAX_CONCURRENCY),
                                   ("batch_size", batch_size, MAX_BATCH_SIZE),
+                                  ("async_concurrency", async_concurrency, MAX_ASYNC_CONCURRENCY),
                                   ("max_jobs", 1 if max_jobs is None else max_jobs, 2**62)):
             problem = whole_number_problem(value, 1, high)
             if problem is not None:
@@ -145,6 +153,7 @@ class Worker:
         self.queues = list(dict.fromkeys(queues)) if queues else None
         self.rotation = QueueRotation(self.queues, queue_weights or {}, using=using)
         self.concurrency = concurrency
+        self.async_concurrency = async_concurrency
         self.batch_size = batch_size
         self.poll_interval = float(
             settings.POLL_INTERVAL_SECONDS if poll_interval is None else poll_interval
@@ -171,10 +180,17 @@ class Worker:
                           flush_seconds=float(settings.SETTLE_FLUSH_SECONDS)),
             on_settled=self.log_settled, on_database_error=self.counters.add_database_error,
         )
-        self.runner = BatchRunner(self.settler, worker_id=self.worker_id, using=using,
+        self.running = RunningJobs(self.settler, worker_id=self.worker_id)
+        self.async_runner = AsyncRunner(self.settler, self.running,
+                                        concurrency=async_concurrency,
+                                        worker_id=self.worker_id, using=using)
+        self.runner = BatchRunner(self.settler, self.running, self.async_runner,
+                                  worker_id=self.worker_id, using=using,
                                   stopping=lambda: self.stopping)
-        self.watchdog = Watchdog(self.runner, start_slot=lambda: self._start_slot(
-            Slot(len(self._slots))))
+        self.watchdog = Watchdog(
+            self.runner, start_slot=lambda: self._start_slot(Slot(len(self._slots))),
+            cancel_every=float(settings.CANCEL_CHECK_SECONDS),
+        )
         # Called with (outcome, applied) after each settlement; metrics hook in here.
         self.settle_listeners: list[Callable[[Outcome, bool], None]] = []
         # Called with each claimed batch before it runs; metrics hook in here too.
@@ -288,7 +304,11 @@ class Worker:
         for slot in self._slots:
             if slot.thread is not None and not slot.abandoned:
                 slot.thread.join(max(0.0, hard_deadline - time.monotonic()))
-        still_running = [s.job.id for s in self._slots if s.job is not None]
+        self.async_runner.stop(deadline=hard_deadline)
+        for slot in self._slots:
+            if slot.child is not None:
+                slot.child.close()
+        still_running = [r.job.id for r in self.running.snapshot()]
         if still_running:
             logger.warning("worker.shutdown jobs still running after %.0fs grace: %s; their "
                            "leases will expire and they will be rescued",
@@ -301,7 +321,8 @@ class Worker:
 
     def _main_loop(self) -> None:
         while not self._stop.is_set():
-            if not any(slot.alive for slot in self._slots):
+            # Done when no executor claims any more and no async job is left to look after.
+            if not any(slot.alive for slot in self._slots) and not self.async_runner.in_flight():
                 return
             now = time.monotonic()
             for step in self.steps:
@@ -309,8 +330,17 @@ class Worker:
                     changed = self._run_step(step)
                     step.schedule_next(time.monotonic(), changed)
             self.watchdog.check(self._slots)
+            self._check_cancels()
             next_due = min((s.next_due for s in self.steps), default=now + 1.0)
             self._stop.wait(max(0.01, min(next_due - time.monotonic(), 0.25)))
+
+    def _check_cancels(self) -> None:
+        try:
+            self.watchdog.check_cancels(self._slots, self.using)
+        except DatabaseError as exc:
+            self.counters.add_database_error()
+            logger.warning("worker.cancels: database error: %s", database_error_text(exc))
+            reset_connection(self.using)
 
     def _run_step(self, step: Periodic) -> int:
         try:
@@ -458,6 +488,7 @@ class Worker:
 
 __all__ = [
     "EXIT_DATABASE_UNREACHABLE",
+    "MAX_ASYNC_CONCURRENCY",
     "MAX_BATCH_SIZE",
     "MAX_CONCURRENCY",
     "Budget",

@@ -146,7 +146,17 @@ class Settler(threading.Thread):
                 if next_beat is not None:
                     waits.append(next_beat - now)
                 self._cond.wait(max(0.001, min(waits)))
-            batch, self._pending, self._oldest = self._pending, [], None
+            # One report per lease token per statement: a job the worker took over (timeout,
+            # cancel) may have its handler's late report queued behind the takeover. The later
+            # one waits for the next flush, so it finds the takeover applied and is lost.
+            batch: list[Outcome] = []
+            rest: list[Outcome] = []
+            tokens: set[uuid.UUID] = set()
+            for outcome in self._pending:
+                (rest if outcome.lease_token in tokens else batch).append(outcome)
+                tokens.add(outcome.lease_token)
+            self._pending = rest
+            self._oldest = time.monotonic() if rest else None
             beats = [ctx for ctx, due in self._beats.values() if due <= time.monotonic()]
         return batch, beats
 

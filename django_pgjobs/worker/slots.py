@@ -1,15 +1,19 @@
 """Executor slots: one thread each, running a claimed batch job by job; and their watchdog.
 
 A slot holds the job it runs and the claimed jobs waiting behind it. ``BatchRunner`` runs a
-batch in a slot, outside any transaction, and hands every outcome to the settler. The
-``Watchdog`` (run by the worker's main thread) hands back waiting jobs before their lease runs
-out and gives up on a handler hung past twice its lease, whose thread cannot be killed.
+batch in a slot, outside any transaction, and hands every outcome to the settler: a thread's
+handler runs in the slot, a process-isolated one in the slot's child process, an async one on
+the worker's event loop (the slot goes on with its batch meanwhile). The ``Watchdog`` (run by
+the worker's main thread) takes over jobs past their timeout or cancelled by an operator, hands
+back waiting jobs before their lease runs out, and gives up on a thread hung past twice its
+lease (it cannot be killed; a child process can, and is).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,8 +22,12 @@ from ..claimed import ClaimedJob
 from ..context import JobContext
 from ..executor import execute
 from ..outcomes import Outcome
-from ..registry import registry
+from ..registry import Handler, registry
+from ..transitions import cancel_requested
+from .aio import AsyncRunner
 from .connections import database_reachable
+from .isolation import ChildProcess
+from .running import RunningJob, RunningJobs
 from .settler import Settler
 
 logger = logging.getLogger("django_pgjobs.worker")
@@ -37,6 +45,8 @@ class Slot:
     # Claimed jobs waiting their turn behind ``job``; the watchdog may release them from here.
     waiting: deque[ClaimedJob] = field(default_factory=deque)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The child process of the slot's process-isolated handlers, once it has had one.
+    child: ChildProcess | None = None
 
     @property
     def alive(self) -> bool:
@@ -47,9 +57,12 @@ class BatchRunner:
     """Runs claimed batches in slots; every outcome goes to the settler."""
 
     def __init__(
-        self, settler: Settler, *, worker_id: str, using: str, stopping: Callable[[], bool]
+        self, settler: Settler, running: RunningJobs, async_runner: AsyncRunner, *,
+        worker_id: str, using: str, stopping: Callable[[], bool],
     ) -> None:
         self.settler = settler
+        self.running = running
+        self.async_runner = async_runner
         self.worker_id = worker_id
         self.using = using
         self.stopping = stopping
@@ -58,9 +71,10 @@ class BatchRunner:
         with slot.lock:
             slot.waiting.extend(jobs)
         while True:
-            job = self._next(slot)
-            if job is None:
+            picked = self._next(slot)
+            if picked is None:
                 return
+            job, handler = picked
             # An earlier job of the batch may have left the connection broken (the server cut
             # it mid-handler): reconnect now rather than fail this job on it as well. While the
             # database is unreachable, starting handlers would only burn their attempts.
@@ -71,18 +85,40 @@ class BatchRunner:
                     self.release_waiting(slot, "database unreachable")
                 return
             ctx = JobContext(job, worker_id=self.worker_id, using=self.using)
-            if slot.heartbeat:
-                self.settler.watch(ctx)
-            try:
-                outcome = execute(job, ctx)
-            finally:
-                if slot.heartbeat:
-                    self.settler.unwatch(ctx)
-                slot.job = None
-            self.settler.put(outcome)
+            if handler is not None and handler.is_async:
+                slot.job, slot.heartbeat = None, False
+                self.async_runner.submit(job, ctx, heartbeat=handler.heartbeat)
+                continue
+            process = handler is not None and handler.isolation == "process"
+            outcome = self._run_here(slot, job, ctx, process)
+            if outcome is not None:
+                self.settler.put(outcome)
 
-    def _next(self, slot: Slot) -> ClaimedJob | None:
-        """The next job of the slot's batch to run now, or None when there is none to run."""
+    def _run_here(
+        self, slot: Slot, job: ClaimedJob, ctx: JobContext, process: bool
+    ) -> Outcome | None:
+        """Run one job in this slot's thread or its child; None when the child was killed."""
+        stop = None
+        if process:
+            if slot.child is None:
+                slot.child = ChildProcess(worker_id=self.worker_id, using=self.using)
+            stop = slot.child.kill
+        self.running.started(RunningJob(job, ctx, time.monotonic(), stop=stop))
+        if slot.heartbeat:
+            self.settler.watch(ctx)
+        try:
+            if process:
+                assert slot.child is not None
+                return slot.child.run(job)
+            return execute(job, ctx)
+        finally:
+            if slot.heartbeat:
+                self.settler.unwatch(ctx)
+            self.running.finished(job.id)
+            slot.job = None
+
+    def _next(self, slot: Slot) -> tuple[ClaimedJob, Handler | None] | None:
+        """The next job of the slot's batch to run now and its handler, or None if none is left."""
         with slot.lock:
             while slot.waiting:
                 if self.stopping() or slot.abandoned:
@@ -94,11 +130,11 @@ class BatchRunner:
                     continue
                 handler = registry.resolve(job.task)
                 slot.job, slot.heartbeat = job, bool(handler and handler.heartbeat)
-                if slot.heartbeat:
+                if slot.heartbeat and not (handler and handler.is_async):
                     # A declared-long job holds this executor for longer than the others'
                     # leases: let other executors and workers have them now.
                     self.release_waiting(slot, "batch behind a long-running job")
-                return job
+                return job, handler
         return None
 
     def release_waiting(self, slot: Slot, reason: str) -> None:
@@ -106,27 +142,69 @@ class BatchRunner:
         while slot.waiting:
             self.settler.put(Outcome.released(slot.waiting.popleft(), reason))
 
+    def cancel_waiting(self, slot: Slot, job_ids: set[int]) -> int:
+        """Settle the slot's unstarted jobs among ``job_ids`` as cancelled; return how many."""
+        with slot.lock:
+            cancelled = [job for job in slot.waiting if job.id in job_ids]
+            for job in cancelled:
+                slot.waiting.remove(job)
+                self.settler.put(Outcome.cancelled(job, "cancelled by an operator before it "
+                                                        "started"))
+        return len(cancelled)
+
 
 class Watchdog:
-    """Looks over the slots from the worker's main thread."""
+    """Looks over the slots and the running jobs from the worker's main thread."""
 
-    def __init__(self, runner: BatchRunner, *, start_slot: Callable[[], None]) -> None:
+    def __init__(
+        self, runner: BatchRunner, *, start_slot: Callable[[], None], cancel_every: float
+    ) -> None:
         self.runner = runner
         self.start_slot = start_slot
+        self.cancel_every = cancel_every
+        self._cancels_read_at = 0.0
 
     def check(self, slots: list[Slot]) -> None:
+        self.runner.running.enforce_timeouts()
         for slot in list(slots):
             self._release_stale_waiting(slot)
             job = slot.job
             if job is None or slot.heartbeat or slot.abandoned:
                 continue
             # A handler hung past its lease (without heartbeats) has lost the job to the
-            # rescue step; its thread cannot be killed, so give up on it and start a fresh one.
+            # rescue step. A child process is killed; a thread cannot be, so give up on it
+            # and start a fresh one.
             if job.lease_left_seconds() < -job.lease_seconds:
+                if slot.child is not None:
+                    slot.child.kill()
+                    continue
                 slot.abandoned = True
                 logger.error("worker.abandon worker=%s job=%s task=%s ran past twice its lease; "
                              "starting a new executor", self.runner.worker_id, job.id, job.task)
                 self.start_slot()
+
+    def check_cancels(self, slots: list[Slot], using: str) -> int:
+        """Every ``cancel_every`` seconds, ask which of this worker's jobs were cancelled.
+
+        Running ones are taken over as cancelled, waiting ones settled as cancelled.
+        """
+        now = time.monotonic()
+        if now - self._cancels_read_at < self.cancel_every:
+            return 0
+        self._cancels_read_at = now
+        held = self.runner.running.ids()
+        for slot in slots:
+            with slot.lock:
+                held += [job.id for job in slot.waiting]
+        if not held:
+            return 0
+        asked = set(cancel_requested(held, using=using))
+        if not asked:
+            return 0
+        taken = self.runner.running.cancel(asked)
+        for slot in slots:
+            taken += self.runner.cancel_waiting(slot, asked)
+        return taken
 
     def _release_stale_waiting(self, slot: Slot) -> None:
         # Jobs queued behind a slow handler must go back while their lease still holds, or

@@ -169,3 +169,119 @@ def hang(ctx: JobContext, payload: dict[str, Any]) -> Any:
         time.sleep(payload.get("hang_seconds", 30.0))
     _finished(run)
     return {"attempt": ctx.attempt}
+
+
+# --- lifecycle control: timeouts, cancellation, receipts past the lease ----------------------
+
+# Long enough that only a timeout or a cancel can end these, not the lease.
+LONG_LEASE = timedelta(seconds=60)
+
+
+def _mark(ctx: JobContext, what: str) -> None:
+    """Record that this attempt saw ``what`` (its cancel, its timeout): an Effect row."""
+    Effect.objects.create(key=f"{what}:{ctx.job_id}:{ctx.attempt}", receipted=False,
+                          job_id=ctx.job_id, attempt=ctx.attempt, worker_id=ctx.worker_id)
+
+
+def _forever(ctx: JobContext, task: str) -> None:
+    # Blocking code that checks nothing: only a killed process stops it.
+    _started(ctx, task)
+    while True:
+        time.sleep(0.05)
+
+
+@job("chaos.forever", lease=LEASE, timeout=1.0, max_attempts=2)
+def forever(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Loop forever in a thread: the worker settles it at its timeout and leaves the thread."""
+    _forever(ctx, "chaos.forever")
+
+
+@job("chaos.forever_process", lease=LEASE, timeout=1.0, max_attempts=2, isolation="process")
+def forever_process(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Loop forever in a child process: the worker kills the child at the timeout."""
+    _forever(ctx, "chaos.forever_process")
+
+
+@job("chaos.late_after_timeout", lease=LONG_LEASE, timeout=1.0, max_attempts=1)
+def late_after_timeout(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """Notice the timeout, then return anyway: the late report must be recorded lost."""
+    run = _started(ctx, "chaos.late_after_timeout")
+    while not ctx.timed_out:
+        time.sleep(0.02)
+    _mark(ctx, "saw_timeout")
+    _finished(run)
+    return "finished late"
+
+
+@job("chaos.until_cancelled", lease=LONG_LEASE, max_attempts=5)
+def until_cancelled(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Work until an operator cancels it, then fail: the job must end cancelled, not retried."""
+    run = _started(ctx, "chaos.until_cancelled")
+    Run.objects.filter(pk=run.pk).update(stage=Run.Stage.HOLDING)
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    _mark(ctx, "saw_cancel")
+    raise RuntimeError("stopped after a cancel")
+
+
+@job("chaos.cancel_heartbeat", lease=timedelta(seconds=3), heartbeat=True, max_attempts=5)
+def cancel_heartbeat(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Heartbeat until the heartbeat raises: a cancel reaches it as ``Cancelled``."""
+    from django_pgjobs import Cancelled
+
+    run = _started(ctx, "chaos.cancel_heartbeat")
+    Run.objects.filter(pk=run.pk).update(stage=Run.Stage.HOLDING)
+    try:
+        while True:
+            ctx.heartbeat()
+            time.sleep(0.05)
+    except Cancelled:
+        _mark(ctx, "saw_cancel")
+        raise
+
+
+@job("chaos.cancel_process", lease=LONG_LEASE, max_attempts=5, isolation="process")
+def cancel_process(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Block in a child process: a cancel kills the child."""
+    run = _started(ctx, "chaos.cancel_process")
+    Run.objects.filter(pk=run.pk).update(stage=Run.Stage.HOLDING)
+    while True:
+        time.sleep(0.05)
+
+
+@job("chaos.cancel_async", lease=LONG_LEASE, max_attempts=5)
+async def cancel_async(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Await forever: a cancel cancels the task."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    run = await sync_to_async(_started)(ctx, "chaos.cancel_async")
+    await Run.objects.filter(pk=run.pk).aupdate(stage=Run.Stage.HOLDING)
+    try:
+        while True:
+            await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        await sync_to_async(_mark)(ctx, "saw_cancel")
+        raise
+
+
+@job("chaos.receipt_hold", lease=LEASE, max_attempts=5)
+def receipt_hold(ctx: JobContext, payload: dict[str, Any]) -> Any:
+    """Perform the effect inside a receipt, then hold inside the block (on the first attempt)."""
+    run = _started(ctx, "chaos.receipt_hold")
+    holds = ctx.attempt == 1
+    if holds:
+        # Marked before the block: inside it nothing commits until the block ends.
+        Run.objects.filter(pk=run.pk).update(stage=Run.Stage.HOLDING)
+    with ctx.receipt(RECEIPT_SCOPE, key=payload["key"]) as receipt:
+        if receipt.done:
+            _finished(run)
+            return receipt.result
+        Effect.objects.create(key=payload["key"], receipted=True, job_id=ctx.job_id,
+                              attempt=ctx.attempt, worker_id=ctx.worker_id)
+        if holds:
+            time.sleep(payload.get("hold_seconds", 1.5))
+        receipt.result = {"key": payload["key"], "attempt": ctx.attempt}
+    _finished(run)
+    return receipt.result

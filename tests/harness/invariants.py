@@ -309,7 +309,10 @@ def targets_as_expected(snap: Snapshot, record: RunRecord) -> Check:
         if target.fault == "kill" and target.task == RECEIPTED:
             wanted["effect_from_attempt"] = 1  # the retry replayed the stored result
         if target.fault == "stop":
-            wanted |= {"first_reported": "succeeded", "resumed_after_takeover": True}
+            # Resumed without its lease: a plain handler's late success is lost; a receipted
+            # one's receipt block finds the lease gone and rolls back (LeaseLost, a failure).
+            wanted |= {"first_reported": "failed" if target.task == RECEIPTED else "succeeded",
+                       "resumed_after_takeover": True}
         if target.fault == "disconnect":
             wanted |= {"first_failure_class": "transient", "worker_went_on": True}
         wrong = {k: seen[k] for k, v in wanted.items() if seen[k] != v}

@@ -12,7 +12,9 @@ from django.db import connections
 
 from django_pgjobs.management.arguments import label, queue_name, seconds, whole_number
 from django_pgjobs.worker import (
+    DEFAULT_ASYNC_CONCURRENCY,
     EXIT_DATABASE_UNREACHABLE,
+    MAX_ASYNC_CONCURRENCY,
     MAX_BATCH_SIZE,
     MAX_CONCURRENCY,
     Worker,
@@ -55,6 +57,10 @@ class Command(BaseCommand):
                                             f"(default 1, at most {MAX_CONCURRENCY})")
         parser.add_argument("--batch-size", type=whole_number(1, MAX_BATCH_SIZE), default=10,
                             help=f"jobs claimed per claim (default 10, at most {MAX_BATCH_SIZE})")
+        parser.add_argument("--async-concurrency", type=whole_number(1, MAX_ASYNC_CONCURRENCY),
+                            default=DEFAULT_ASYNC_CONCURRENCY,
+                            help="async handlers run at once on the worker's event loop "
+                                 f"(default {DEFAULT_ASYNC_CONCURRENCY})")
         parser.add_argument("--poll-interval", type=_SECONDS, default=None,
                             help="seconds between polls when idle (default "
                                  "PGJOBS_POLL_INTERVAL_SECONDS)")
@@ -92,6 +98,7 @@ class Command(BaseCommand):
             listen=options["listen"],
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
+            async_concurrency=options["async_concurrency"],
             poll_interval=options["poll_interval"],
             burst=options["burst"],
             max_jobs=options["max_jobs"],
