@@ -23,9 +23,12 @@ from tests.harness.records import PLAIN, POISON, RECEIPTED, RunRecord, Target
 TERMINAL = {JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED}
 WAITING = {JobStatus.SCHEDULED, JobStatus.RETRYING}
 # A settlement by the lease holder ends the lease; these outcomes are such settlements.
+# A timeout or a cancel is a takeover: the worker settles the attempt in the handler's place and
+# the lease ends there, though an abandoned thread may run on (as a stale worker would).
 SETTLED_BY_HOLDER = {
     AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.DEAD,
     AttemptOutcome.SNOOZED, AttemptOutcome.RELEASED,
+    AttemptOutcome.TIMED_OUT, AttemptOutcome.CANCELLED,
 }
 # Attempts that hand their count back: a release, a snooze, a rolling-deploy retry.
 UNCOUNTED_CLASSES = {FailureClass.UNKNOWN_TASK, FailureClass.UNSUPPORTED_VERSION}
@@ -56,6 +59,8 @@ class Snapshot:
     effects: Counter[str]
     receipted_effects: Counter[str]
     now: datetime
+    # (job id, attempt number, worker id, written at) of every receipted effect.
+    receipted_rows: list[tuple[int, int, str, datetime]]
 
     @classmethod
     def load(cls) -> Snapshot:
@@ -68,13 +73,17 @@ class Snapshot:
             runs[run.job_id].append(run)
         effects: Counter[str] = Counter()
         receipted: Counter[str] = Counter()
-        for key, is_receipted in Effect.objects.values_list("key", "receipted"):
+        rows = []
+        for key, is_receipted, job_id, attempt, worker, at in Effect.objects.values_list(
+                "key", "receipted", "job_id", "attempt", "worker_id", "created_at"):
             (receipted if is_receipted else effects)[key] += 1
+            if is_receipted:
+                rows.append((job_id, attempt, worker, at))
         return cls(
             jobs=jobs,
             by_key={j.idempotency_key: j for j in jobs.values() if j.idempotency_key},
             attempts=attempts, runs=runs, effects=effects, receipted_effects=receipted,
-            now=timezone.now(),
+            now=timezone.now(), receipted_rows=rows,
         )
 
     def effect_count(self, job: Job) -> int:
@@ -210,7 +219,7 @@ def no_stale_settlement(snap: Snapshot) -> Check:
         if (job.status == JobStatus.RUNNING) != (last == AttemptOutcome.RUNNING):
             problems.append(f"job {job_id} is {job.status} but its last applied attempt is {last}")
         if job.status == JobStatus.DEAD and last not in (
-                AttemptOutcome.DEAD, AttemptOutcome.LEASE_EXPIRED):
+                AttemptOutcome.DEAD, AttemptOutcome.LEASE_EXPIRED, AttemptOutcome.TIMED_OUT):
             problems.append(f"job {job_id} is dead but its last applied attempt is {last}")
         if job.status != JobStatus.SUCCEEDED:
             continue
@@ -438,6 +447,69 @@ def _max(values: list[float]) -> str:
         if values else "-"
 
 
+_TAKEN = (AttemptOutcome.LEASE_EXPIRED, AttemptOutcome.TIMED_OUT, AttemptOutcome.CANCELLED,
+          AttemptOutcome.LOST)
+
+
+def receipts_under_the_lease(snap: Snapshot) -> Check:
+    """No receipt (and its effect) was committed by a worker that no longer held the lease.
+
+    The effect is written in the receipt's transaction; if its attempt had been taken over
+    (rescued, timed out, cancelled) before the effect was even written, it committed without
+    the lease.
+    """
+    problems = []
+    for job_id, number, worker, written_at in snap.receipted_rows:
+        for attempt in snap.attempts.get(job_id, []):
+            if (attempt.number, attempt.worker_id) != (number, worker):
+                continue
+            taken_at = attempt.finished_at
+            if attempt.outcome in _TAKEN and taken_at is not None and taken_at < written_at:
+                problems.append(f"job {job_id}: attempt {number} on {worker} wrote its receipted "
+                                f"effect at {written_at}, after it lost the lease at {taken_at}")
+    return _check("no receipt committed by a worker that did not hold the lease", problems,
+                  f"{len(snap.receipted_rows)} receipted effects, each by a lease holder")
+
+
+def lifecycle_as_expected(snap: Snapshot, record: RunRecord) -> Check:
+    """Timeouts ended the jobs that never return; cancels stuck; a paused queue gave nothing."""
+    life = record.lifecycle
+    problems = []
+    for key in life.timed_out_keys:
+        job = snap.by_key.get(key)
+        outcomes = {a.outcome for a in snap.attempts.get(job.pk, [])} if job else set()
+        if job is None or (job.status, job.failure_class) != ("dead", "timeout") or \
+                not outcomes <= {AttemptOutcome.TIMED_OUT, AttemptOutcome.RELEASED}:
+            problems.append(f"{key}: wanted dead by timeout, got "
+                            f"{job.status if job else None}/{job.failure_class if job else ''} "
+                            f"with attempts {sorted(outcomes)}")
+    for key in life.cancelled_keys:
+        job = snap.by_key.get(key)
+        ran = [a for a in snap.attempts.get(job.pk, []) if a.outcome != AttemptOutcome.RELEASED] \
+            if job else []
+        if job is None or job.status != "cancelled" or len(ran) != 1:
+            problems.append(f"{key}: wanted cancelled after one attempt, got "
+                            f"{job.status if job else None} after {len(ran)}")
+    claimed_while_paused = 0
+    for key in life.paused_keys:
+        job = snap.by_key.get(key)
+        if job is None or job.status != "succeeded":
+            problems.append(f"{key}: wanted succeeded after the resume, got "
+                            f"{job.status if job else None}")
+            continue
+        for attempt in snap.attempts.get(job.pk, []):
+            if life.paused_at and life.resumed_at and \
+                    life.paused_at < attempt.claimed_at < life.resumed_at:
+                claimed_while_paused += 1
+    if claimed_while_paused:
+        problems.append(f"{claimed_while_paused} claims of {life.paused_queue} while it was "
+                        "paused")
+    return _check("timeouts, cancels and pauses did what they say", problems,
+                  f"{len(life.timed_out_keys)} handlers timed out and ended dead, "
+                  f"{len(life.cancelled_keys)} running handlers cancelled for good, "
+                  f"{len(life.paused_keys)} jobs held by a paused queue then run")
+
+
 def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dict[str, Any]]:
     """Run every check; return them and the run's figures."""
     snap = Snapshot.load()
@@ -456,6 +528,8 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         replays_deduplicated(snap, record),
         workers_held_up(snap, record),
         flood,
+        receipts_under_the_lease(snap),
+        lifecycle_as_expected(snap, record),
     ]
     statuses = Counter(j.status for j in snap.jobs.values())
     outcomes = Counter(a.outcome for rows in snap.attempts.values() for a in rows)

@@ -66,6 +66,18 @@ class Flood:
 
 
 @dataclass
+class Lifecycle:
+    """The lifecycle controls the harness exercised while faults went on."""
+
+    timed_out_keys: list[str] = field(default_factory=list)  # handlers that never return
+    cancelled_keys: list[str] = field(default_factory=list)  # cancelled while they ran
+    paused_queue: str = ""
+    paused_keys: list[str] = field(default_factory=list)  # enqueued onto the paused queue
+    paused_at: datetime | None = None  # the pause had committed by then
+    resumed_at: datetime | None = None  # the resume had not started before then
+
+
+@dataclass
 class Replays:
     """Enqueues repeated under the same idempotency keys: key -> [(job id, created)]."""
 
@@ -84,6 +96,7 @@ class RunRecord:
     restarts: list[Restart] = field(default_factory=list)
     flood: Flood = field(default_factory=Flood)
     replays: Replays = field(default_factory=Replays)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
     bulk_keys: list[str] = field(default_factory=list)
     later_keys: list[str] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)

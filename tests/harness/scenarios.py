@@ -287,6 +287,57 @@ def poison_and_flood(ctx: Context, ordinary: int, flood_seconds: float, flood_ra
         ctx.record.notes.append("poison/flood: not every job ended within 120 s")
 
 
+# --- lifecycle controls -----------------------------------------------------------------------
+
+TIMEOUT_TASKS = ["chaos.forever_process", "chaos.forever"]
+CANCEL_TASKS = ["chaos.until_cancelled", "chaos.cancel_heartbeat", "chaos.cancel_process",
+                "chaos.cancel_async"]
+PAUSED_QUEUE = "harness-paused"
+PAUSE_SECONDS = 2.0
+
+
+def lifecycle_controls(ctx: Context) -> None:
+    """Handlers that never return and must time out, cancels of running handlers of every kind,
+    and a queue paused while jobs arrive on it, all while the workers keep being struck."""
+    from django_pgjobs import transitions
+
+    life = ctx.record.lifecycle
+    for i, task in enumerate(TIMEOUT_TASKS):
+        key = f"timeout:{i}"
+        db.enqueue(task, key, {}, priority=TARGET_PRIORITY)
+        life.timed_out_keys.append(key)
+    cancels = {}
+    for i, task in enumerate(CANCEL_TASKS):
+        key = f"cancel:{i}"
+        cancels[key] = (task, db.enqueue(task, key, {}, priority=TARGET_PRIORITY).pk)
+        life.cancelled_keys.append(key)
+
+    def holding(job_id: int) -> bool:
+        return Run.objects.filter(job_id=job_id, stage=Run.Stage.HOLDING).exists()
+
+    for key, (task, job_id) in cancels.items():
+        if not db.wait_until(lambda job_id=job_id: holding(job_id), 30):
+            ctx.record.notes.append(f"{key}: {task} never ran before its cancel")
+    db.retrying(lambda: transitions.cancel_jobs([job_id for _, job_id in cancels.values()],
+                                                reason="harness"))
+
+    life.paused_queue = PAUSED_QUEUE
+    db.retrying(lambda: transitions.pause_queue(PAUSED_QUEUE, reason="harness"))
+    life.paused_at = db.db_now()
+    for i in range(20):
+        key = f"paused:{i}"
+        db.enqueue(TICK, key, {}, queue=PAUSED_QUEUE)
+        life.paused_keys.append(key)
+    time.sleep(PAUSE_SECONDS)
+    life.resumed_at = db.db_now()
+    db.retrying(lambda: transitions.resume_queue(PAUSED_QUEUE, reason="harness"))
+    keys = life.timed_out_keys + life.cancelled_keys + life.paused_keys
+    if not db.wait_until(lambda: not Job.objects.filter(idempotency_key__in=keys).exclude(
+            status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]).exists(),
+            90, interval=0.2):
+        ctx.record.notes.append("lifecycle: not every job ended within 90 s")
+
+
 # --- random faults ----------------------------------------------------------------------------
 
 _KINDS = ["kill", "stop", "disconnect", "restart"]
