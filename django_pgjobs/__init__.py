@@ -23,6 +23,7 @@ from .exceptions import (
     UnknownTask,
 )
 from .registry import Handler, job, redact
+from .ticks import Schedule
 
 if TYPE_CHECKING:
     from .enqueuing import JobSpec
@@ -39,6 +40,7 @@ __all__ = [
     "Permanent",
     "PgJobsError",
     "RetryAfter",
+    "Schedule",
     "Snooze",
     "Transient",
     "UnknownQueue",
