@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
@@ -19,7 +19,7 @@ from django.utils import timezone
 from . import sql
 from .conf import settings
 from .exceptions import InvalidJobOption, UnknownQueue, UnknownTask
-from .models import PRIORITY_MAX, PRIORITY_MIN, Job
+from .models import Job
 from .payloads import encode_json
 from .registry import Handler, registry
 from .validation import (
@@ -28,6 +28,8 @@ from .validation import (
     KEY_MAX_LENGTH,
     LEASE_MAX_SECONDS,
     MAX_ATTEMPTS_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     TRACE_MAX_LENGTH,
     duration_problem,
     escape_control,
@@ -44,13 +46,25 @@ OPTIONS = frozenset({
 })
 
 
+class Tick(NamedTuple):
+    """The tick of a schedule a job is for: the unique index holds one job per tick."""
+
+    schedule_id: int
+    scheduled_at: datetime
+
+
 @dataclass(frozen=True)
 class JobSpec:
-    """One job to enqueue, for ``enqueue_many``."""
+    """One job to enqueue, for ``enqueue_many``.
+
+    ``tick`` is set by the schedule step (and an operator's run-now) only: a spec whose tick
+    already has a job is skipped by the statement and answered with that job.
+    """
 
     task: str | Handler
     payload: Any
     options: Mapping[str, Any]
+    tick: Tick | None = None
 
     @classmethod
     def of(cls, task: str | Handler, payload: Any, **options: Any) -> JobSpec:
@@ -85,8 +99,14 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
             cursor.execute(
                 _enqueue_sql("enqueue_rows_many"), [*map(list, columns), defaults.notify]
             )
-        returned = cursor.fetchall()
+        names = [column.name for column in cursor.description]
+        returned = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     return _pair_with_rows(rows, returned, alias)
+
+
+def validate(spec: JobSpec) -> None:
+    """Check ``spec`` as ``enqueue_many`` would, sending nothing; raise ``EnqueueError``."""
+    _validate(spec, _Defaults.read())
 
 
 @cache
@@ -157,6 +177,7 @@ def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
     lease = _first(opts.get("lease"), handler.lease)
     trace_id = opts.get("trace_id")
     fairness_key = opts.get("fairness_key")
+    tick = _checked_tick(spec.tick)
 
     problem = queue_problem(queue)
     if problem is not None:
@@ -198,12 +219,26 @@ def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
         idempotency_key=key,
         trace_id=trace_id,
         fairness_key=fairness_key,
+        schedule_id=None if tick is None else tick.schedule_id,
+        scheduled_at=None if tick is None else tick.scheduled_at,
     )
     values = (
         name, payload_version, queue, encoded, priority, run_at, delay_seconds, max_attempts,
-        max_age_seconds, lease_seconds, key, trace_id, fairness_key,
+        max_age_seconds, lease_seconds, key, trace_id, fairness_key, job.schedule_id,
+        job.scheduled_at,
     )
     return _Row(job, values)
+
+
+def _checked_tick(tick: Any) -> Tick | None:
+    if tick is None:
+        return None
+    if (not isinstance(tick, Tick) or whole_number_problem(tick.schedule_id, 1, 2**63 - 1)
+            or not isinstance(tick.scheduled_at, datetime) or timezone.is_naive(tick.scheduled_at)):
+        raise InvalidJobOption(
+            f"tick must be a Tick(schedule_id, aware scheduled_at), got {shown(tick, 80)}"
+        )
+    return tick
 
 
 def _check(option: str, problem: str | None) -> None:
@@ -269,25 +304,36 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> str:
     )
 
 
-def _pair_with_rows(rows: Sequence[_Row], returned: list[tuple[Any, ...]], alias: str) -> list[Job]:
-    # A returned row is found by (task, key): two tasks may use the same idempotency key. Jobs
-    # without a key come back in the order they were given.
-    inserted = {(r[1], r[2]): r for r in returned if r[2] is not None}
-    unkeyed = iter(r for r in returned if r[2] is None)
+def _pair_with_rows(
+    rows: Sequence[_Row], returned: list[dict[str, Any]], alias: str
+) -> list[Job]:
+    # A returned row is found by (task, key): two tasks may use the same idempotency key, and by
+    # (schedule, tick) for a schedule's jobs. Other jobs come back in the order they were given.
+    keyed = {(r["task"], r["idempotency_key"]): r for r in returned
+             if r["idempotency_key"] is not None}
+    ticked = {(r["schedule_id"], r["scheduled_at"]): r for r in returned
+              if r["schedule_id"] is not None and r["idempotency_key"] is None}
+    plain = iter(r for r in returned
+                 if r["idempotency_key"] is None and r["schedule_id"] is None)
     jobs: list[Job] = []
     for row in rows:
         job = row.job
-        identity = (job.task, job.idempotency_key)
-        found = next(unkeyed) if job.idempotency_key is None else inserted.pop(identity, None)
+        if job.idempotency_key is not None:
+            found = keyed.pop((job.task, job.idempotency_key), None)
+            existing = {"task": job.task, "idempotency_key": job.idempotency_key}
+        elif job.schedule_id is not None:
+            found = ticked.pop((job.schedule_id, job.scheduled_at), None)
+            existing = {"schedule_id": job.schedule_id, "scheduled_at": job.scheduled_at}
+        else:
+            found, existing = next(plain), {}
         if found is None:
-            # The key was taken before this statement, or by an earlier spec of this one.
-            existing = Job.objects.using(alias).get(
-                task=job.task, idempotency_key=job.idempotency_key
-            )
-            existing.created = False  # type: ignore[attr-defined]
-            jobs.append(existing)
+            # The key or the tick was taken before this statement, or by an earlier spec of it.
+            job = Job.objects.using(alias).get(**existing)
+            job.created = False  # type: ignore[attr-defined]
+            jobs.append(job)
             continue
-        job.id, _, _, job.status, job.run_at, job.deadline, job.created_at = found[:7]
+        for column in ("id", "status", "run_at", "deadline", "created_at"):
+            setattr(job, column, found[column])
         job.updated_at = job.created_at
         job._state.adding = False
         job._state.db = alias
@@ -296,4 +342,4 @@ def _pair_with_rows(rows: Sequence[_Row], returned: list[tuple[Any, ...]], alias
     return jobs
 
 
-__all__ = ["JobSpec", "encode_payload", "enqueue", "enqueue_many"]
+__all__ = ["JobSpec", "Tick", "encode_payload", "enqueue", "enqueue_many", "validate"]
