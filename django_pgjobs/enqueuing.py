@@ -318,6 +318,7 @@ def _pair_with_rows(
     jobs: list[Job] = []
     for row in rows:
         job = row.job
+        existing: dict[str, Any]
         if job.idempotency_key is not None:
             found = keyed.pop((job.task, job.idempotency_key), None)
             existing = {"task": job.task, "idempotency_key": job.idempotency_key}

@@ -120,7 +120,10 @@ def _declared_schedules(
                 f"{type(item).__name__}"
             )
     if cron is not None:
-        declared.insert(0, Schedule(cron, timezone=timezone or "UTC"))
+        try:
+            declared.insert(0, Schedule(cron, name=task, timezone=timezone or "UTC"))
+        except InvalidJobOption as exc:
+            raise InvalidJobOption(f"task {task!r}: {exc}") from None
     elif timezone is not None:
         raise InvalidJobOption(f"task {task!r}: timezone= goes with cron=")
     bound = [schedule.bound(task) for schedule in declared]

@@ -75,9 +75,13 @@ def ticks_after(cron: str, zone_name: str, after: datetime) -> Iterator[datetime
 
     Ends when the expression fires no more (cronsim looks 50 years ahead).
     """
+    # Compared in UTC: two datetimes of the same zone compare by wall clock, which puts a tick
+    # of the first 02:30 after a start at the second 02:15 of a repeated hour.
+    after = after.astimezone(UTC)
     for tick in CronSim(cron, after.astimezone(zone(zone_name))):
-        if tick > after:
-            yield tick.astimezone(UTC)
+        instant = tick.astimezone(UTC)
+        if instant > after:
+            yield instant
 
 
 def ticks_from(cron: str, zone_name: str, start: datetime) -> Iterator[datetime]:
@@ -102,13 +106,15 @@ class TickPlan:
     ``run`` are the ticks to enqueue, oldest first; ``missed`` how many due ticks the misfire
     policy passed over (a lower bound past ``COUNT_MAX``); ``cursor`` the first tick not yet
     handled (None: the expression never fires again); ``last_handled`` the latest tick run or
-    passed over (None when nothing was due).
+    passed over (None when nothing was due); ``passed_over`` the latest of the missed ticks
+    that do not run (None if there is none, or, far behind, when the walk started past it).
     """
 
     run: tuple[datetime, ...]
     missed: int
     cursor: datetime | None
     last_handled: datetime | None
+    passed_over: datetime | None = None
 
 
 def plan_ticks(
@@ -131,43 +137,45 @@ def plan_ticks(
     """
     if cursor is None or cursor > now:
         return TickPlan((), 0, cursor, None)
+    cursor, now = cursor.astimezone(UTC), now.astimezone(UTC)
     if limit < 1:
         raise ValueError("limit must be at least 1")
     boundary = now - timedelta(seconds=grace_seconds)
     kept: list[datetime] = []
     missed = 0
-    latest_missed: datetime | None = None
+    latest_missed = passed_over = None
     start = cursor
     if cursor < boundary:
         keep = MISFIRE_KEEPS[misfire](catch_up_limit)
-        kept, missed, latest_missed = _missed_ticks(cron, zone_name, cursor, boundary, keep)
+        kept, missed, latest_missed, passed_over = _missed_ticks(
+            cron, zone_name, cursor, boundary, keep)
         start = boundary
     room = max(limit - len(kept), 0) + 1
     on_time = [t for t in islice(ticks_from(cron, zone_name, start), room) if t <= now]
     run = kept + on_time
     if len(run) > limit:
         run = run[:limit]
-        return TickPlan(tuple(run), missed, next_tick(cron, zone_name, run[-1]), run[-1])
+        return TickPlan(tuple(run), missed, next_tick(cron, zone_name, run[-1]), run[-1],
+                        passed_over)
     handled = [t for t in (latest_missed, run[-1] if run else None) if t is not None]
     return TickPlan(tuple(run), missed, next_tick(cron, zone_name, now),
-                    max(handled) if handled else None)
+                    max(handled) if handled else None, passed_over)
 
 
 def _missed_ticks(
     cron: str, zone_name: str, start: datetime, before: datetime, keep: int
-) -> tuple[list[datetime], int, datetime | None]:
-    """The latest ``keep`` ticks in [start, before), how many ticks there came before them, and
-    the latest tick there."""
-    anchor = max(keep, 1)  # even with none kept, the latest missed tick is the last handled
+) -> tuple[list[datetime], int, datetime | None, datetime | None]:
+    """The latest ``keep`` ticks in [start, before); how many ticks there are passed over (the
+    ones before them); the latest tick there; and the latest passed over."""
     walk_from = start
     skipped_ahead = 0
     # Far more missed ticks than kept (a per-second schedule down for days): start the walk
     # shortly before the kept ones instead of at the cursor, and count the rest up to the cap.
-    kth = next(islice(_ticks_before(cron, zone_name, before), anchor - 1, None), None)
+    kth = next(islice(_ticks_before(cron, zone_name, before), keep, None), None)
     if kth is not None and kth - _REVERSE_MARGIN > start:
         walk_from = kth - _REVERSE_MARGIN
         skipped_ahead = _count(cron, zone_name, start, walk_from)
-    last: deque[datetime] = deque(maxlen=anchor)
+    last: deque[datetime] = deque(maxlen=keep + 1)
     walked = 0
     for tick in ticks_from(cron, zone_name, walk_from):
         if tick >= before:
@@ -175,14 +183,17 @@ def _missed_ticks(
         last.append(tick)
         walked += 1
     latest = last[-1] if last else None
-    kept = list(last) if keep else []
-    return kept, min(skipped_ahead + walked - len(kept), COUNT_MAX), latest
+    kept = list(last)[-keep:] if keep else []
+    passed_over = last[0] if len(last) > keep else None
+    return kept, min(skipped_ahead + walked - len(kept), COUNT_MAX), latest, passed_over
 
 
 def _ticks_before(cron: str, zone_name: str, before: datetime) -> Iterator[datetime]:
+    before = before.astimezone(UTC)
     for tick in CronSim(cron, before.astimezone(zone(zone_name)), reverse=True):
-        if tick < before:
-            yield tick.astimezone(UTC)
+        instant = tick.astimezone(UTC)
+        if instant < before:
+            yield instant
 
 
 def _count(cron: str, zone_name: str, start: datetime, before: datetime) -> int:
@@ -252,8 +263,8 @@ class Schedule:
         if self.queue is not None:
             yield "queue", queue_problem(self.queue)
             queues = settings.QUEUES
-            if queues is not None and self.queue not in queues and queue_problem(self.queue) is None:
-                yield "queue", f"is not in PGJOBS_QUEUES, got {self.queue!r}"
+            if queues is not None and self.queue not in queues:
+                yield "queue", f"is not in PGJOBS_QUEUES, got {shown(self.queue)}"
         if self.priority is not None:
             yield "priority", whole_number_problem(self.priority, PRIORITY_MIN, PRIORITY_MAX)
         yield "payload", _payload_problem(self.payload)
