@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import islice
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -31,7 +32,7 @@ from .models import Schedule as ScheduleRow
 from .redaction import Redactor
 from .registry import redactor_for, registry
 from .status import OverlapPolicy, ScheduleSource, SkipReason
-from .ticks import Schedule, next_tick, plan_ticks
+from .ticks import Schedule, next_tick, next_ticks, plan_ticks, ticks_from
 from .transitions import CODE, Actor, audit_schedule_action, database_now
 from .validation import escape_control, schedule_name_problem
 
@@ -140,6 +141,19 @@ def declaration_of(row: ScheduleRow) -> Schedule:
         misfire=row.misfire, catch_up_limit=row.catch_up_limit, overlap=row.overlap,
         queue=row.queue or None, priority=row.priority, task=row.task,
     )
+
+
+def upcoming_ticks(row: ScheduleRow, count: int, now: datetime) -> list[datetime]:
+    """The next ``count`` ticks an operator should expect: from the cursor for an active
+    schedule (a late one starts in the past), after ``now`` for a paused one (what a resume
+    would run), none for a retired one."""
+    if row.state == "retired":
+        return []
+    if row.state == "paused":
+        return next_ticks(row.cron, row.timezone, now, count)
+    if row.next_tick_at is None:
+        return []
+    return list(islice(ticks_from(row.cron, row.timezone, row.next_tick_at), count))
 
 
 # --- the sync at worker start -----------------------------------------------------------------
@@ -465,9 +479,11 @@ def save_schedule(
             kind, detail = OperatorActionKind.SCHEDULE_CREATE, {"definition": after}
         else:
             kind = OperatorActionKind.SCHEDULE_CHANGE
-            old = {k: (redactor.payload(v) if k == "payload" else v) for k, v in before.items()}
-            detail = {"changed": {k: [old.get(k), after[k]] for k in DEFINITION
-                                  if k in old and old[k] != after[k]}}
+            # Compared as stored, shown redacted: a changed secret shows as changed.
+            shown_before = {k: (redactor.payload(v) if k == "payload" else v)
+                            for k, v in before.items()}
+            detail = {"changed": {k: [shown_before[k], after[k]] for k in DEFINITION
+                                  if k in before and before[k] != getattr(row, k)}}
         audit_schedule_action(kind, actor, "", [row.pk], 1, detail, using=using)
 
 
@@ -519,4 +535,5 @@ __all__ = [
     "settings_schedule",
     "spec_for",
     "sync_declared",
+    "upcoming_ticks",
 ]
