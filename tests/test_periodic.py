@@ -429,3 +429,48 @@ def test_a_schedule_row_is_never_deleted_while_jobs_name_it() -> None:
             connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute("DELETE FROM pgjobs_schedule WHERE id = %s", [schedule.pk])
+
+
+# --- manage.py pgjobs_schedules ---------------------------------------------------------------
+
+
+def test_the_schedules_command_lists_next_ticks_across_the_fall_back_hour() -> None:
+    import json
+    from io import StringIO
+
+    import time_machine
+    from django.core.management import call_command
+
+    ScheduleFactory(name="ops.hourly", cron="0 * * * *", timezone="Europe/Paris",
+                    paused_at=at(0))
+    ScheduleFactory(name="ops.gone", retired_at=at(0))
+    # 01:30 CEST on the day Paris falls back: a paused schedule shows what a resume would run.
+    with time_machine.travel(datetime(2026, 10, 24, 23, 30, tzinfo=UTC), tick=False):
+        out = StringIO()
+        call_command("pgjobs_schedules", "--json", "--count", "4", stdout=out)
+    [listed] = json.loads(out.getvalue())
+    assert (listed["name"], listed["state"], listed["source"]) == ("ops.hourly", "paused",
+                                                                   "admin")
+    assert listed["next_ticks"] == ["2026-10-25T02:00:00+02:00", "2026-10-25T02:00:00+01:00",
+                                    "2026-10-25T03:00:00+01:00", "2026-10-25T04:00:00+01:00"]
+    text = StringIO()
+    call_command("pgjobs_schedules", "--all", stdout=text)
+    assert "ops.gone  [retired, admin]" in text.getvalue()
+    assert "ops.hourly  [paused, admin]  tests.when  '0 * * * *' Europe/Paris" in text.getvalue()
+
+
+def test_the_schedules_command_shows_an_active_schedules_ticks_from_its_cursor() -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    schedule = ScheduleFactory(name="ops.seconds", cron="*/20 * * * * *", next_tick_at=at(0))
+    enqueue_due_ticks(now=at(0.5))
+    out = StringIO()
+    call_command("pgjobs_schedules", "--json", stdout=out)
+    [listed] = json.loads(out.getvalue())
+    assert listed["next_ticks"] == [(at(20 * i)).isoformat() for i in range(1, 6)]
+    assert (listed["last_tick_at"], listed["last_job_status"], listed["ticks_enqueued"]) == (
+        at(0).isoformat(), "ready", 1)
+    assert listed["last_job_id"] == Job.objects.get(schedule=schedule).pk
