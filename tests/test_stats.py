@@ -356,7 +356,7 @@ def test_schedules_whose_last_due_tick_was_not_enqueued_in_time_are_late() -> No
     data = stats.snapshot().as_dict()["schedules"]
     assert data["on_time"] is False and data["late"][1]["name"] == "late.pending"
     out = StringIO()
-    with pytest.raises(CommandError, match="late schedules: late.handled, late.pending"):
+    with pytest.raises(CommandError, match=r"late schedules: late\.handled, late\.pending"):
         call_command("pgjobs_stats", "--fail-unhealthy", stdout=out)
     assert "Schedules: 3 active, 1 paused, 1 retired; 2 late" in out.getvalue()
     # A worker comes back: the pending one's missed ticks go by its policy and it runs its
