@@ -85,7 +85,8 @@ class JobAdmin(ReadOnlyAdmin):
     ordering = ("-id",)
     inlines = [AttemptInline]
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
-    readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history")
+    readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",
+                       "schedule_link")
     fieldsets = (
         (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "failure_class",
                            "priority", "base_priority")}),
@@ -96,7 +97,8 @@ class JobAdmin(ReadOnlyAdmin):
                                            "updated_at")}),
         ("Lease", {"fields": ("lease_owner", "lease_token", "lease_seconds", "lease_expires_at",
                               "heartbeat_at", "cancel_requested_at")}),
-        ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key")}),
+        ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
+                                 "scheduled_at")}),
         ("Operator actions", {"fields": ("operator_history",)}),
     )
 
@@ -182,6 +184,13 @@ class JobAdmin(ReadOnlyAdmin):
     def error_shown(self, job: Job) -> str:
         text = redactor_for(job.task).text(job.last_error, job.payload)
         return format_html("<pre>{}</pre>", text) if text else "-"
+
+    @admin.display(description="schedule")
+    def schedule_link(self, job: Job) -> str:
+        if job.schedule_id is None:
+            return "-"
+        url = reverse("admin:pgjobs_schedule_change", args=[job.schedule_id])
+        return format_html('<a href="{}">{}</a>', url, job.schedule_id)
 
     @admin.display(description="history")
     def operator_history(self, job: Job) -> str:
