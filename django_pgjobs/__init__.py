@@ -25,6 +25,7 @@ from .exceptions import (
     UnknownTask,
 )
 from .registry import Handler, job, redact
+from .ticks import Schedule
 
 if TYPE_CHECKING:
     from .enqueuing import JobSpec
@@ -42,6 +43,7 @@ __all__ = [
     "Permanent",
     "PgJobsError",
     "RetryAfter",
+    "Schedule",
     "Snooze",
     "TimedOut",
     "Transient",

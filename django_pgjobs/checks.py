@@ -12,7 +12,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import conf
 from .conf import settings
+from .exceptions import InvalidJobOption
 from .models import PRIORITY_MAX, PRIORITY_MIN
+from .periodic import declared_schedules, settings_schedule
 from .registry import registry
 from .validation import (
     DURATION_MAX_SECONDS,
@@ -87,6 +89,18 @@ def _backlog_policy(value: Any) -> str | None:
     return None
 
 
+def _schedules(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return ("must be a dict of schedule name to options ({'task': ..., 'cron': ..., ...}), "
+                f"got {shown(value)}")
+    for name, entry in value.items():
+        try:
+            settings_schedule(name, entry)
+        except InvalidJobOption as exc:
+            return f"has a bad entry: {exc}"
+    return None
+
+
 # Every setting and its rule, in conf.py's order; a test fails when a setting has no rule.
 SETTING_RULES: dict[str, Rule] = {
     "QUEUE": queue_problem,
@@ -124,6 +138,10 @@ SETTING_RULES: dict[str, Rule] = {
     "BACKLOG_CHECK_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
     "REDACT_KEYS": _names("key names"),
     "HANDLER_MODULES": _names("module names"),
+    "SCHEDULES": _schedules,
+    "SCHEDULE_INTERVAL_SECONDS": _seconds(0, 3600),
+    "SCHEDULE_BATCH": _whole(1, 10_000),
+    "SCHEDULE_GRACE_SECONDS": _seconds(0, DAY_SECONDS),
 }
 
 
@@ -201,8 +219,24 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
             f"(got {settings.RETRY_BASE_SECONDS!r} > {settings.RETRY_MAX_SECONDS!r})",
             id="pgjobs.E010",
         ))
+    if settings.SCHEDULE_GRACE_SECONDS <= settings.SCHEDULE_INTERVAL_SECONDS:
+        messages.append(Error(
+            "PGJOBS_SCHEDULE_GRACE_SECONDS must be longer than PGJOBS_SCHEDULE_INTERVAL_SECONDS "
+            f"(got {settings.SCHEDULE_GRACE_SECONDS!r} <= {settings.SCHEDULE_INTERVAL_SECONDS!r}):"
+            " otherwise ticks count as missed while workers run",
+            id="pgjobs.E010",
+        ))
     messages += _receipt_retention()
     return messages
+
+
+@register()
+def check_schedules(**kwargs: Any) -> list[CheckMessage]:
+    """Every declared schedule names a handler, has its own name, and makes jobs enqueue takes."""
+    if _schedules(settings.SCHEDULES) is not None:
+        return []  # check_settings reports it
+    _, problems = declared_schedules()
+    return [Error(problem, id="pgjobs.E012") for problem in problems]
 
 
 def _receipt_retention() -> list[CheckMessage]:

@@ -42,6 +42,8 @@ class ClaimedJob:
     run_at: datetime | None = None  # when the job became due; pickup latency starts here
     # The worker settles it as timed out once its handler has run this long (None: never).
     timeout_seconds: float | None = None
+    # A schedule's job: the tick's intended time (None for jobs enqueued otherwise).
+    scheduled_at: datetime | None = None
     # This process's clock when the lease was last taken or extended.
     claimed_monotonic: float = field(default_factory=time.monotonic)
 
@@ -82,17 +84,20 @@ def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
     at = {name: index for index, name in enumerate(columns)}
     wanted = ("id", "task", "payload_version", "payload", "attempt", "max_attempts", "snoozes",
               "deadline_us", "lease_seconds", "lease_token", "lease_expires_at_us", "trace_id",
-              "queue", "priority", "created_at_us", "run_at_us", "timeout_seconds")
+              "queue", "priority", "created_at_us", "run_at_us", "timeout_seconds",
+              "scheduled_at_us")
     missing = [name for name in wanted if name not in at]
     if missing:
         raise LookupError(f"the claim's result lacks column(s) {', '.join(missing)}")
     (i_id, i_task, i_version, i_payload, i_attempt, i_max, i_snoozes, i_deadline, i_lease,
-     i_token, i_expires, i_trace, i_queue, i_priority, i_created, i_run_at, i_timeout) = (
+     i_token, i_expires, i_trace, i_queue, i_priority, i_created, i_run_at, i_timeout,
+     i_scheduled) = (
         at[name] for name in wanted)
     loads = _json_loads
 
     def read(row: Sequence[Any]) -> ClaimedJob:
         deadline = row[i_deadline]
+        scheduled = row[i_scheduled]
         return ClaimedJob(
             id=row[i_id], task=row[i_task], payload_version=row[i_version],
             payload=loads(row[i_payload]), attempt=row[i_attempt], max_attempts=row[i_max],
@@ -103,6 +108,7 @@ def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
             queue=row[i_queue], priority=row[i_priority],
             created_at=from_epoch_us(row[i_created]), run_at=from_epoch_us(row[i_run_at]),
             timeout_seconds=row[i_timeout],
+            scheduled_at=None if scheduled is None else from_epoch_us(scheduled),
         )
 
     return read

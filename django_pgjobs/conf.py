@@ -82,6 +82,14 @@ DEFAULT_REDACT_KEYS = (
     "sessionid",
 )
 DEFAULT_HANDLER_MODULES = ("jobs",)
+# Schedules declared in settings: name -> {"task": ..., "cron": ..., and the other options of
+# django_pgjobs.Schedule}. Synced at worker start like the ones declared with @job.
+DEFAULT_SCHEDULES: dict[str, dict[str, object]] = {}
+DEFAULT_SCHEDULE_INTERVAL_SECONDS = 1.0  # how often each worker looks for due ticks
+DEFAULT_SCHEDULE_BATCH = 100  # ticks enqueued per statement
+# A tick enqueued within this long of its time is on time; an older one was missed (the
+# schedule's misfire policy decides whether it runs) and its schedule shows as late.
+DEFAULT_SCHEDULE_GRACE_SECONDS = 60.0
 
 
 class Settings:

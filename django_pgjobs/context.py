@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import AbstractContextManager
+from datetime import datetime
 
 from asgiref.sync import sync_to_async
 
@@ -45,6 +46,14 @@ class JobContext:
     @property
     def trace_id(self) -> str:
         return self.job.trace_id
+
+    @property
+    def scheduled_at(self) -> datetime | None:
+        """The intended time of the schedule's tick this job is for (UTC); None if unscheduled.
+
+        A job an operator ran now from the admin has the time it was asked for.
+        """
+        return self.job.scheduled_at
 
     @property
     def lease_lost(self) -> bool:

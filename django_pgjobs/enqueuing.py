@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
@@ -19,7 +19,7 @@ from django.utils import timezone
 from . import sql
 from .conf import settings
 from .exceptions import InvalidJobOption, KeyTakenThenFreed, UnknownQueue, UnknownTask
-from .models import PRIORITY_MAX, PRIORITY_MIN, Job
+from .models import Job
 from .payloads import encode_json
 from .registry import Handler, registry
 from .validation import (
@@ -28,6 +28,8 @@ from .validation import (
     KEY_MAX_LENGTH,
     LEASE_MAX_SECONDS,
     MAX_ATTEMPTS_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     TRACE_MAX_LENGTH,
     duration_problem,
     escape_control,
@@ -44,13 +46,25 @@ OPTIONS = frozenset({
 })
 
 
+class Tick(NamedTuple):
+    """The tick of a schedule a job is for: the unique index holds one job per tick."""
+
+    schedule_id: int
+    scheduled_at: datetime
+
+
 @dataclass(frozen=True)
 class JobSpec:
-    """One job to enqueue, for ``enqueue_many``."""
+    """One job to enqueue, for ``enqueue_many``.
+
+    ``tick`` is set by the schedule step (and an operator's run-now) only: a spec whose tick
+    already has a job is skipped by the statement and answered with that job.
+    """
 
     task: str | Handler
     payload: Any
     options: Mapping[str, Any]
+    tick: Tick | None = None
 
     @classmethod
     def of(cls, task: str | Handler, payload: Any, **options: Any) -> JobSpec:
@@ -90,8 +104,14 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
         pending = [i for i in pending if jobs[i] is None]
     if pending:
         job = rows[pending[0]].job
-        raise KeyTakenThenFreed(job.task, job.idempotency_key or job.unique_key or "")
+        raise KeyTakenThenFreed(job.task, job.idempotency_key or job.unique_key or str(
+            job.scheduled_at))
     return [job for job in jobs if job is not None]
+
+
+def validate(spec: JobSpec) -> None:
+    """Check ``spec`` as ``enqueue_many`` would, sending nothing; raise ``EnqueueError``."""
+    _validate(spec, _Defaults.read())
 
 
 def _insert(rows: Sequence[_Row], notify: bool, alias: str) -> list[Job | None]:
@@ -102,7 +122,8 @@ def _insert(rows: Sequence[_Row], notify: bool, alias: str) -> list[Job | None]:
         else:
             columns = zip(*(row.values for row in rows), strict=True)
             cursor.execute(_enqueue_sql("enqueue_rows_many"), [*map(list, columns), notify])
-        returned = cursor.fetchall()
+        names = [column.name for column in cursor.description]
+        returned = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     return _pair_with_rows(rows, returned, alias)
 
 
@@ -178,6 +199,7 @@ def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
     lease = _first(opts.get("lease"), handler.lease)
     trace_id = opts.get("trace_id")
     fairness_key = opts.get("fairness_key")
+    tick = _checked_tick(spec.tick)
 
     problem = queue_problem(queue)
     if problem is not None:
@@ -229,14 +251,27 @@ def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
         timeout_seconds=seconds_of(timeout) if timeout is not None else None,
         trace_id=trace_id,
         fairness_key=fairness_key,
+        schedule_id=None if tick is None else tick.schedule_id,
+        scheduled_at=None if tick is None else tick.scheduled_at,
     )
     period = seconds_of(unique_period) if unique_period is not None else None
     values = (
         name, payload_version, queue, encoded, priority, run_at, delay_seconds, max_attempts,
         max_age_seconds, lease_seconds, key, unique_key, period, job.timeout_seconds, trace_id,
-        fairness_key,
+        fairness_key, job.schedule_id, job.scheduled_at,
     )
     return _Row(job, values, period)
+
+
+def _checked_tick(tick: Any) -> Tick | None:
+    if tick is None:
+        return None
+    if (not isinstance(tick, Tick) or whole_number_problem(tick.schedule_id, 1, 2**63 - 1)
+            or not isinstance(tick.scheduled_at, datetime) or timezone.is_naive(tick.scheduled_at)):
+        raise InvalidJobOption(
+            f"tick must be a Tick(schedule_id, aware scheduled_at), got {shown(tick, 80)}"
+        )
+    return tick
 
 
 def _check(option: str, problem: str | None) -> None:
@@ -303,17 +338,20 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> str:
 
 
 def _pair_with_rows(
-    rows: Sequence[_Row], returned: list[tuple[Any, ...]], alias: str
+    rows: Sequence[_Row], returned: list[dict[str, Any]], alias: str
 ) -> list[Job | None]:
-    # A returned row is found by what made it unique: (task, idempotency key), else (task,
-    # unique key). Jobs with neither come back in the order they were given.
-    inserted: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+    # A returned row is found by what made it unique: (task, idempotency key), else (schedule,
+    # tick), else (task, unique key); two tasks may share a key. Jobs with none of these come
+    # back in the order they were given.
+    inserted: dict[tuple[Any, ...], dict[str, Any]] = {}
     plain = []
     for r in returned:
-        if r[2] is not None:
-            inserted[(r[1], "idempotency", r[2])] = r
-        elif r[3] is not None:
-            inserted[(r[1], "unique", r[3])] = r
+        if r["idempotency_key"] is not None:
+            inserted[("idempotency", r["task"], r["idempotency_key"])] = r
+        elif r["schedule_id"] is not None:
+            inserted[("tick", r["schedule_id"], r["scheduled_at"])] = r
+        elif r["unique_key"] is not None:
+            inserted[("unique", r["task"], r["unique_key"])] = r
         else:
             plain.append(r)
     unkeyed = iter(plain)
@@ -321,17 +359,20 @@ def _pair_with_rows(
     for row in rows:
         job = row.job
         if job.idempotency_key is not None:
-            found = inserted.pop((job.task, "idempotency", job.idempotency_key), None)
+            found = inserted.pop(("idempotency", job.task, job.idempotency_key), None)
+        elif job.schedule_id is not None:
+            found = inserted.pop(("tick", job.schedule_id, job.scheduled_at), None)
         elif job.unique_key is not None:
-            found = inserted.pop((job.task, "unique", job.unique_key), None)
+            found = inserted.pop(("unique", job.task, job.unique_key), None)
         else:
             found = next(unkeyed)
         if found is None:
-            # A unique index refused it: the key was taken before this statement, or by an
-            # earlier spec of this one.
+            # A unique index refused it: the key or tick was taken before this statement, or by
+            # an earlier spec of this one.
             jobs.append(_existing(row, alias))
             continue
-        (job.id, _, _, _, job.status, job.run_at, job.deadline, job.created_at) = found[:8]
+        for column in ("id", "status", "run_at", "deadline", "created_at"):
+            setattr(job, column, found[column])
         job.updated_at = job.created_at
         job._state.adding = False
         job._state.db = alias
@@ -341,11 +382,14 @@ def _pair_with_rows(
 
 
 def _existing(row: _Row, alias: str) -> Job | None:
-    """The job that holds the idempotency or unique key ``row`` was refused for, if any now."""
+    """The job holding the idempotency key, tick or unique key ``row`` was refused for, if any."""
     job = row.job
     if job.idempotency_key is not None:
         existing = Job.objects.using(alias).filter(
             task=job.task, idempotency_key=job.idempotency_key).first()
+    elif job.schedule_id is not None:
+        existing = Job.objects.using(alias).filter(
+            schedule_id=job.schedule_id, scheduled_at=job.scheduled_at).first()
     else:
         existing = None
     if existing is None and job.unique_key is not None:
@@ -360,4 +404,4 @@ def _existing(row: _Row, alias: str) -> Job | None:
     return existing
 
 
-__all__ = ["JobSpec", "encode_payload", "enqueue", "enqueue_many"]
+__all__ = ["JobSpec", "Tick", "encode_payload", "enqueue", "enqueue_many", "validate"]

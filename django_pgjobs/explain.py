@@ -19,6 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from . import sql
 from .maintenance import AGING_KEYSET_START, AgingPolicy, prune_jobs, retention_seconds
 from .outcomes import Held, Outcome
+from .periodic import enqueue_due_ticks
 from .status import JobStatus
 from .transitions import (
     claim_jobs,
@@ -29,7 +30,7 @@ from .transitions import (
     settle,
 )
 
-TABLES = ("pgjobs_job", "pgjobs_attempt", "pgjobs_receipt")
+TABLES = ("pgjobs_job", "pgjobs_attempt", "pgjobs_receipt", "pgjobs_schedule")
 INDEX_SCANS = ("Index Scan", "Index Only Scan")
 # Nodes that read rows of a table (a ModifyTable names its table too, but reads nothing).
 SCANS = ("Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Tid Scan",
@@ -52,6 +53,8 @@ class HotQuery:
     # each candidate once through the claim index and once more by primary key to update it.
     reads_per_row: int
     describe: str
+    # The table whose index must serve it once that table is large.
+    table: str = "pgjobs_job"
 
     @property
     def index_names(self) -> str:
@@ -76,6 +79,11 @@ HOT_QUERIES = {
         HotQuery("prune", ("pgjobs_job_finished_idx",), 3,
                  "delete finished jobs past retention with their attempts "
                  "(maintenance.prune_jobs)"),
+        # Every worker runs it about once a second: the due schedules through the due index,
+        # and for each one the last job by primary key (the overlap rule's question).
+        HotQuery("schedules", ("pgjobs_schedule_due_idx",), 2,
+                 "lock the schedules whose next tick is due (periodic.enqueue_due_ticks)",
+                 table="pgjobs_schedule"),
     )
 }
 
@@ -178,7 +186,7 @@ def _check(
             f"{SMALL_TABLE_ROWS} rows: scans of {'it' if len(small) == 1 else 'them'} are not "
             "checked, since reading a few pages beats any index"
         )
-    if large("pgjobs_job") and not any(n["Node Type"] in INDEX_SCANS for n in via_index):
+    if large(query.table) and not any(n["Node Type"] in INDEX_SCANS for n in via_index):
         used = sorted({f"{n['Node Type']} on {n['Relation Name']}"
                        + (f" using {n['Index Name']}" if "Index Name" in n else "")
                        for n in scans})
@@ -276,6 +284,10 @@ def _aging(queue: str, batch: int, using: str) -> dict[str, Any]:
     ), using)
 
 
+def _schedules(queue: str, batch: int, using: str) -> dict[str, Any]:
+    return _captured(lambda: enqueue_due_ticks(limit=batch, using=using), using)
+
+
 def _prune(queue: str, batch: int, using: str) -> dict[str, Any]:
     retention = retention_seconds(JobStatus.SUCCEEDED)
     return _captured(lambda: prune_jobs(
@@ -285,7 +297,7 @@ def _prune(queue: str, batch: int, using: str) -> dict[str, Any]:
 
 _RUNNERS: dict[str, Callable[[str, int, str], dict[str, Any]]] = {
     "claim": _claim, "promote": _promote, "rescue": _rescue, "ready_queues": _ready_queues,
-    "settle": _settle, "aging": _aging, "prune": _prune,
+    "settle": _settle, "aging": _aging, "prune": _prune, "schedules": _schedules,
 }
 
 

@@ -20,6 +20,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from . import sql
 from .conf import DEFAULT_RETENTION_SECONDS, settings
 from .models import PRIORITY_MAX, PRIORITY_MIN
+from .periodic import ScheduleStep
 from .stats import backlog_max_age, backlog_policy
 from .status import TERMINAL_STATUSES, JobStatus
 from .transitions import (
@@ -317,6 +318,9 @@ def default_steps(
         Periodic("rescue", float(settings.RESCUE_INTERVAL_SECONDS), rescue_step),
         Periodic("prune", float(settings.PRUNE_INTERVAL_SECONDS), prune_finished,
                  backlog_at=int(settings.PRUNE_BATCH)),
+        # Syncs the declared schedules on its first run, then enqueues due ticks in batches.
+        Periodic("schedules", float(settings.SCHEDULE_INTERVAL_SECONDS), ScheduleStep(),
+                 backlog_at=int(settings.SCHEDULE_BATCH), wakes_workers=True),
     ]
     aging = AgingPolicy.from_settings()
     if aging.enabled:

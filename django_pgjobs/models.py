@@ -1,4 +1,4 @@
-"""Job, Attempt and IdempotencyReceipt.
+"""Job, Attempt, IdempotencyReceipt, Schedule and the operators' audit trail.
 
 Rows change state only through ``transitions.py``; these classes describe the schema and the
 invariants the database enforces.
@@ -12,11 +12,26 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from .status import ACTIVE_STATUSES, AttemptOutcome, FailureClass, JobStatus, TerminalReason
-from .validation import QUEUE_NAME_MAX_LENGTH, queue_problem
-
-PRIORITY_MIN = -100
-PRIORITY_MAX = 100
+from .status import (
+    ACTIVE_STATUSES,
+    AttemptOutcome,
+    FailureClass,
+    JobStatus,
+    MisfirePolicy,
+    OverlapPolicy,
+    ScheduleSource,
+    SkipReason,
+    TerminalReason,
+)
+from .validation import (
+    CRON_MAX_LENGTH,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE_NAME_MAX_LENGTH,
+    SCHEDULE_NAME_MAX_LENGTH,
+    TIMEZONE_MAX_LENGTH,
+    queue_problem,
+)
 
 
 def validate_queue_name(value: str) -> None:
@@ -35,6 +50,96 @@ _RUNNING_HOLDS_A_LEASE = Q(
 _TERMINAL_HAS_FINISHED_AT = ~Q(
     status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]
 ) | Q(finished_at__isnull=False)
+
+
+class Schedule(models.Model):
+    """A periodic schedule: a job of ``task`` at every tick of ``cron`` in ``timezone``.
+
+    ``next_tick_at`` is the cursor: the first tick not yet handled. The schedule step locks due
+    rows (SKIP LOCKED), enqueues their ticks and moves the cursor in one transaction; the unique
+    index on the job's (schedule, scheduled_at) makes a second job for one tick impossible
+    whatever else happens. Rows are retired, never deleted, so jobs can always name theirs.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=SCHEDULE_NAME_MAX_LENGTH, unique=True)
+    task = models.CharField(max_length=200)
+    cron = models.CharField(max_length=CRON_MAX_LENGTH)
+    timezone = models.CharField(max_length=TIMEZONE_MAX_LENGTH, default="UTC")
+    payload = models.JSONField(default=dict, blank=True)
+    # "" and NULL: the handler's queue and priority.
+    queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, blank=True, default="")
+    priority = models.SmallIntegerField(null=True, blank=True)
+    misfire = models.CharField(max_length=16, choices=MisfirePolicy.choices,
+                               default=MisfirePolicy.SKIP)
+    catch_up_limit = models.PositiveIntegerField(default=100)
+    overlap = models.CharField(max_length=16, choices=OverlapPolicy.choices,
+                               default=OverlapPolicy.ALLOW)
+    # The sync at worker start owns code and settings schedules; it never touches admin ones.
+    source = models.CharField(max_length=16, choices=ScheduleSource.choices,
+                              default=ScheduleSource.ADMIN)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    # Set by the sync when the declaration is gone from code and settings.
+    retired_at = models.DateTimeField(null=True, blank=True)
+    next_tick_at = models.DateTimeField(null=True, blank=True)
+    # The latest tick handled (enqueued or passed over) and when, by the database clock.
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    last_handled_at = models.DateTimeField(null=True, blank=True)
+    # No foreign key: finished jobs are pruned, the schedule stays.
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    ticks_enqueued = models.PositiveBigIntegerField(default=0)
+    # Passed over by the misfire policy (no worker enqueued them in time).
+    ticks_missed = models.PositiveBigIntegerField(default=0)
+    # Skipped by the overlap policy (the previous tick's job had not finished).
+    ticks_skipped = models.PositiveBigIntegerField(default=0)
+    last_skipped_at = models.DateTimeField(null=True, blank=True)
+    last_skip_reason = models.CharField(max_length=16, choices=SkipReason.choices, blank=True,
+                                        default="")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgjobs_schedule"
+        indexes = [
+            # The schedule step's query: due, active schedules in cursor order. Paused and
+            # retired schedules stay out of it.
+            models.Index(
+                fields=["next_tick_at"],
+                name="pgjobs_schedule_due_idx",
+                condition=Q(paused_at__isnull=True, retired_at__isnull=True,
+                            next_tick_at__isnull=False),
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(misfire__in=MisfirePolicy.values),
+                                   name="pgjobs_schedule_misfire_valid"),
+            models.CheckConstraint(condition=Q(overlap__in=OverlapPolicy.values),
+                                   name="pgjobs_schedule_overlap_valid"),
+            models.CheckConstraint(condition=Q(source__in=ScheduleSource.values),
+                                   name="pgjobs_schedule_source_valid"),
+            models.CheckConstraint(
+                condition=Q(priority__isnull=True)
+                | Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                name="pgjobs_schedule_priority_range",
+            ),
+            models.CheckConstraint(condition=Q(catch_up_limit__gte=1),
+                                   name="pgjobs_schedule_catch_up_limit"),
+        ]
+        permissions = [
+            ("pause_schedule", "Can pause schedules"),
+            ("resume_schedule", "Can resume schedules"),
+            ("run_schedule", "Can run a schedule now"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def state(self) -> str:
+        """active, paused or retired."""
+        if self.retired_at is not None:
+            return "retired"
+        return "paused" if self.paused_at is not None else "active"
 
 
 class Job(models.Model):
@@ -76,6 +181,11 @@ class Job(models.Model):
     )
     last_error = models.TextField(blank=True, default="")
     result = models.JSONField(null=True, blank=True)
+    # Jobs of a schedule: which one and the tick's intended time (ctx.scheduled_at). A unique
+    # index holds one job per (schedule, tick); PROTECT keeps schedules that jobs name.
+    schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, null=True, blank=True,
+                                 db_index=False, related_name="+")
+    scheduled_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
@@ -153,6 +263,17 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(timeout_seconds__isnull=True) | Q(timeout_seconds__gt=0),
                 name="pgjobs_job_timeout_positive",
+            ),
+            # Exactly one job per (schedule, tick), however many workers enqueue at once.
+            models.UniqueConstraint(
+                fields=["schedule", "scheduled_at"],
+                condition=Q(schedule__isnull=False),
+                name="pgjobs_job_schedule_tick",
+            ),
+            models.CheckConstraint(
+                condition=Q(schedule__isnull=True, scheduled_at__isnull=True)
+                | Q(schedule__isnull=False, scheduled_at__isnull=False),
+                name="pgjobs_job_tick_pair",
             ),
         ]
         permissions = [
@@ -261,6 +382,11 @@ class OperatorActionKind(models.TextChoices):
     VIEW_RAW_PAYLOAD = "view_raw_payload", "view raw payload"
     PAUSE_QUEUE = "pause_queue", "pause queue"
     RESUME_QUEUE = "resume_queue", "resume queue"
+    SCHEDULE_CREATE = "schedule_create", "create schedule"
+    SCHEDULE_CHANGE = "schedule_change", "change schedule"
+    SCHEDULE_PAUSE = "schedule_pause", "pause schedule"
+    SCHEDULE_RESUME = "schedule_resume", "resume schedule"
+    SCHEDULE_RUN_NOW = "schedule_run_now", "run schedule now"
 
 
 class OperatorAction(models.Model):
@@ -276,8 +402,9 @@ class OperatorAction(models.Model):
     actor_name = models.CharField(max_length=150)
     action = models.CharField(max_length=32, choices=OperatorActionKind.choices)
     reason = models.TextField(blank=True, default="")
-    # The jobs the operator selected; ``detail`` says what happened to which of them.
+    # The jobs (or schedules) the operator selected; ``detail`` says what happened to which.
     job_ids = models.JSONField(default=list)
+    schedule_ids = models.JSONField(default=list, blank=True)
     selected = models.PositiveIntegerField(default=0)
     changed = models.PositiveIntegerField(default=0)
     detail = models.JSONField(default=dict)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .conf import settings
 from .exceptions import InvalidJobOption
 from .redaction import Redactor, compile_path
+from .ticks import Schedule
 from .validation import DURATION_MAX_SECONDS, duration_problem, task_name_problem
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ class Handler:
         retry_on: Iterable[type[BaseException]] = (),
         permanent_on: Iterable[type[BaseException]] = (),
         redact: Iterable[str] = (),
+        cron: str | None = None,
+        timezone: str | None = None,
+        schedules: Iterable[Schedule] = (),
     ) -> None:
         problem = task_name_problem(name)
         if problem is not None:
@@ -94,6 +98,7 @@ class Handler:
                 compile_path(path)
             except ValueError as exc:
                 raise InvalidJobOption(f"task {name!r}: {exc}") from None
+        self.schedules = _declared_schedules(name, cron, timezone, schedules)
         # Paths that depend on the payload itself; see Redactor.paths_for.
         self.redact_paths_for: Callable[[Any, tuple[str, ...]], Iterable[str]] | None = None
         self.upgrades: dict[int, Upgrade] = {}
@@ -123,6 +128,41 @@ class Handler:
     def enqueue(self, payload: Any, **options: Any) -> Job:
         """Enqueue a job for this handler in the caller's transaction."""
         return registry.enqueuer(self, payload, **options)
+
+
+def _declared_schedules(
+    task: str, cron: str | None, timezone: str | None, schedules: Iterable[Schedule]
+) -> tuple[Schedule, ...]:
+    """The handler's schedules, bound to its task: ``cron=`` is one named after the task."""
+    if isinstance(schedules, Schedule | str) or not isinstance(schedules, Iterable):
+        raise InvalidJobOption(f"task {task!r}: schedules must be a list of Schedule(...)")
+    declared = list(schedules)
+    for item in declared:
+        if not isinstance(item, Schedule):
+            raise InvalidJobOption(
+                f"task {task!r}: schedules must be a list of Schedule(...), got "
+                f"{type(item).__name__}"
+            )
+    if cron is not None:
+        try:
+            declared.insert(0, Schedule(cron, name=task, timezone=timezone or "UTC"))
+        except InvalidJobOption as exc:
+            raise InvalidJobOption(f"task {task!r}: {exc}") from None
+    elif timezone is not None:
+        raise InvalidJobOption(f"task {task!r}: timezone= goes with cron=")
+    bound = [schedule.bound(task) for schedule in declared]
+    names = [schedule.name for schedule in bound]
+    for name in names:
+        if names.count(name) > 1:
+            raise InvalidJobOption(
+                f"task {task!r} declares two schedules named {name!r}: give each its own "
+                "Schedule(name=...)"
+            )
+    for schedule in bound:
+        problem = schedule.problem()
+        if problem is not None:
+            raise InvalidJobOption(f"task {task!r}: {problem}")
+    return tuple(bound)
 
 
 Resolver = Callable[[str, bool], "Handler | None"]
@@ -159,7 +199,25 @@ class Registry:
             raise InvalidJobOption(
                 f"task name {handler.name!r} is already registered by {qualname}"
             )
+        for schedule in handler.schedules:
+            owner = self._schedule_owner(str(schedule.name))
+            if owner is not None and owner != handler.name:
+                raise InvalidJobOption(
+                    f"schedule {schedule.name!r} of task {handler.name!r} is already declared "
+                    f"by task {owner!r}: schedule names are unique"
+                )
         self._handlers[handler.name] = handler
+
+    def _schedule_owner(self, name: str) -> str | None:
+        for handler in self._handlers.values():
+            if any(schedule.name == name for schedule in handler.schedules):
+                return handler.name
+        return None
+
+    def schedules(self) -> list[Schedule]:
+        """Every schedule the registered handlers declare, by name."""
+        declared = [s for h in self._handlers.values() for s in h.schedules]
+        return sorted(declared, key=lambda schedule: str(schedule.name))
 
     def add_resolver(self, prefix: str, resolver: Resolver) -> None:
         """Let ``resolver(name, may_import)`` build the handlers of names under ``prefix``."""
@@ -198,6 +256,8 @@ def job(
     """Register the decorated function as the handler of task ``name``.
 
     The function is called as ``fn(ctx, payload)``; ``options`` are those of ``Handler``.
+    ``cron="0 6 * * *", timezone="Europe/Paris"`` declares a schedule named after the task;
+    ``schedules=[Schedule(...), ...]`` declares several, each with its own name and payload.
     """
 
     def register(func: HandlerFunc) -> Handler:

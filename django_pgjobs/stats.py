@@ -103,6 +103,35 @@ class ThroughputPoint:
 
 
 @dataclass(frozen=True)
+class LateSchedule:
+    """A schedule whose last due tick was not enqueued within PGJOBS_SCHEDULE_GRACE_SECONDS.
+
+    ``pending``: the tick ``due_at`` still has no job (no worker has enqueued it); otherwise it
+    was handled ``late_seconds`` after its time, and the schedule is late until a tick is on
+    time again.
+    """
+
+    name: str
+    task: str
+    pending: bool
+    due_at: datetime
+    late_seconds: float
+
+
+@dataclass(frozen=True)
+class ScheduleHealth:
+    active: int = 0
+    paused: int = 0
+    retired: int = 0
+    late: list[LateSchedule] = field(default_factory=list)
+    grace_seconds: float = 0.0
+
+    @property
+    def on_time(self) -> bool:
+        return not self.late
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything at once, as the dashboard and ``pgjobs_stats`` show it."""
 
@@ -113,6 +142,7 @@ class Snapshot:
     leases: LeaseHealth
     failures: list[FailureCount]
     throughput: list[ThroughputPoint]
+    schedules: ScheduleHealth = field(default_factory=ScheduleHealth)
     windows: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -133,6 +163,9 @@ class Snapshot:
             queue["healthy"] = stats.healthy
         for point in data["throughput"]:
             point["minute"] = point["minute"].isoformat()
+        for late in data["schedules"]["late"]:
+            late["due_at"] = late["due_at"].isoformat()
+        data["schedules"]["on_time"] = self.schedules.on_time
         data["healthy"] = self.healthy
         return data
 
@@ -240,6 +273,19 @@ def throughput(
     return [ThroughputPoint(minute, int(ok), int(dead)) for minute, ok, dead in rows]
 
 
+LATE_SCHEDULES_SHOWN = 100
+
+
+def schedule_health(*, using: str = DEFAULT_DB_ALIAS) -> ScheduleHealth:
+    """Schedules by state, and the active ones that are late (oldest late tick first)."""
+    grace = float(settings.SCHEDULE_GRACE_SECONDS)
+    active, paused, retired = _fetch("schedule_counts", [], using)[0]
+    rows = _fetch_named("late_schedules", {"grace": grace, "limit": LATE_SCHEDULES_SHOWN}, using)
+    late = [LateSchedule(str(r["name"]), str(r["task"]), bool(r["pending"]), r["due_at"],
+                         float(r["late_seconds"])) for r in rows]
+    return ScheduleHealth(int(active), int(paused), int(retired), late, grace)
+
+
 def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
     """Every figure above with its default window."""
     return Snapshot(
@@ -250,6 +296,7 @@ def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
         leases=lease_health(using=using),
         failures=failure_classes(using=using),
         throughput=throughput(using=using),
+        schedules=schedule_health(using=using),
         windows={
             "recent_seconds": RECENT_SECONDS,
             "latency_window_seconds": LATENCY_WINDOW_SECONDS,
@@ -271,12 +318,21 @@ def _fetch(name: str, params: list[Any], using: str) -> list[tuple[Any, ...]]:
         return cursor.fetchall()
 
 
+def _fetch_named(name: str, params: dict[str, Any], using: str) -> list[dict[str, Any]]:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query(name), params)
+        columns = [column.name for column in cursor.description]
+        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+
+
 __all__ = [
     "AttemptBucket",
     "FailureCount",
+    "LateSchedule",
     "Latency",
     "LeaseHealth",
     "QueueStats",
+    "ScheduleHealth",
     "Snapshot",
     "ThroughputPoint",
     "attempt_distribution",
@@ -287,6 +343,7 @@ __all__ = [
     "lease_health",
     "pickup_latency",
     "queue_stats",
+    "schedule_health",
     "snapshot",
     "throughput",
 ]

@@ -1,6 +1,8 @@
-"""The job state machine, attempt outcomes and failure classes, written down once.
+"""The job state machine, attempt outcomes, failure classes and schedule policies, written
+down once.
 
-docs/state-machine.md carries the same table; a test keeps the two in step.
+docs/state-machine.md carries the same table; a test keeps the two in step. docs/schedules.md
+describes the schedule policies.
 """
 
 from django.db import models
@@ -72,3 +74,32 @@ class TerminalReason(models.TextChoices):
     UNSUPPORTED_VERSION = "unsupported_version", "unsupported payload version"
     SNOOZE_LIMIT = "snooze_limit", "snoozed too often"
     OPERATOR = "operator", "operator action"
+
+
+# --- schedules ----------------------------------------------------------------------------------
+
+
+class MisfirePolicy(models.TextChoices):
+    """What runs of the ticks no worker enqueued in time (``ticks.MISFIRE_KEEPS`` says how many)."""
+
+    SKIP = "skip", "skip: only the latest missed tick runs"
+    CATCH_UP = "catch_up", "catch up: every missed tick runs, up to the catch-up limit"
+    NONE = "none", "none: missed ticks do not run"
+
+
+class OverlapPolicy(models.TextChoices):
+    ALLOW = "allow", "allow: a tick runs even while the previous tick's job has not finished"
+    SKIP = "skip", "skip: a tick is skipped while the previous tick's job waits or runs"
+
+
+class ScheduleSource(models.TextChoices):
+    """Who owns a schedule's definition: the sync at worker start owns code and settings."""
+
+    CODE = "code", "code (@job)"
+    SETTINGS = "settings", "settings (PGJOBS_SCHEDULES)"
+    ADMIN = "admin", "admin"
+
+
+class SkipReason(models.TextChoices):
+    OVERLAP = "overlap", "overlap"
+    MISFIRE = "misfire", "misfire"

@@ -13,6 +13,9 @@ Read it top to bottom:
 6. ``raise_waiting_priorities``: READY stays READY with a higher priority (aging).
 7. Operators: ``retry_jobs``, ``cancel_jobs``, ``dead_letter_jobs``, ``replay_job``.
 
+A schedule's jobs enter through enqueue like any other (``periodic`` builds them); operators'
+actions on schedules are audited here too (``audit_schedule_action``).
+
 Finished jobs leave the table through ``maintenance.prune_jobs`` (retention). Every transition
 is one guarded statement (or one short transaction) whose WHERE clause says which state, and for
 a running job which lease token, it applies to; each returns what it changed, and the caller
@@ -505,6 +508,19 @@ def record_raw_payload_view(job_id: int, *, actor: Actor, using: str = DEFAULT_D
     _audit(OperatorActionKind.VIEW_RAW_PAYLOAD, actor, "", [job_id], 0, {}, using)
 
 
+def audit_schedule_action(
+    action: str, actor: Actor, reason: str, schedule_ids: list[int], changed: int,
+    detail: dict[str, Any], *, job_ids: Sequence[int] = (), using: str = DEFAULT_DB_ALIAS,
+) -> None:
+    """Audit an operator's action on schedules (``periodic`` calls it in the action's
+    transaction); ``job_ids`` are the jobs it enqueued."""
+    OperatorAction.objects.using(using).create(
+        actor_id=actor.user_id, actor_name=actor.name, action=action, reason=reason,
+        job_ids=list(job_ids), schedule_ids=schedule_ids, selected=len(schedule_ids),
+        changed=changed, detail=detail,
+    )
+
+
 def _unique_ids(job_ids: Iterable[int]) -> list[int]:
     return sorted({int(i) for i in job_ids})
 
@@ -568,6 +584,7 @@ __all__ = [
     "REPORT_FIELDS",
     "Actor",
     "AgingBatch",
+    "audit_schedule_action",
     "cancel_jobs",
     "cancel_requested",
     "claim_jobs",

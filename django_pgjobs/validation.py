@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
 
 QUEUE_NAME_MAX_LENGTH = 64
 # Letters, digits and ``_ . -``; no ``:`` (``--queue NAME:WEIGHT``), no spaces or control
@@ -26,6 +30,12 @@ TASK_NAME_RULE = (
     "a letter or underscore, then letters, digits and . _ : - "
     f"(at most {TASK_NAME_MAX_LENGTH} characters)"
 )
+# A schedule's name follows the task-name rule: it goes into log lines and the admin's URLs.
+SCHEDULE_NAME_MAX_LENGTH = TASK_NAME_MAX_LENGTH
+CRON_MAX_LENGTH = 100
+TIMEZONE_MAX_LENGTH = 64
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
 # What a job may carry and ask for, whoever enqueues it (enqueue, the Tasks backend, settings).
 KEY_MAX_LENGTH = 255
 TRACE_MAX_LENGTH = 64
@@ -37,6 +47,7 @@ LEASE_MAX_SECONDS = 7 * 24 * 3600
 DURATION_MAX_SECONDS = 10 * 365 * 24 * 3600
 # Control characters forge log lines (a newline starts a new one) and terminals obey some.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CRON_PROBE = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def queue_problem(value: object) -> str | None:
@@ -50,6 +61,45 @@ def queue_problem(value: object) -> str | None:
 def task_name_problem(value: object) -> str | None:
     if not isinstance(value, str) or TASK_NAME.fullmatch(value) is None:
         return f"must be a task name ({TASK_NAME_RULE}), got {value!r}"
+    return None
+
+
+def schedule_name_problem(value: object) -> str | None:
+    if not isinstance(value, str) or TASK_NAME.fullmatch(value) is None:
+        return f"must be a schedule name ({TASK_NAME_RULE}), got {shown(value)}"
+    return None
+
+
+def cron_problem(value: object) -> str | None:
+    """A cron expression of 5 fields, or 6 with seconds first (``*/10 * * * * *``)."""
+    if not isinstance(value, str):
+        return f"must be a cron expression (a string), not {type(value).__name__}"
+    problem = text_problem(value, CRON_MAX_LENGTH)
+    if problem is not None:
+        return problem
+    try:
+        CronSim(value, _CRON_PROBE)
+    except CronSimError as exc:
+        return (f"is not a cron expression ({exc}): give 5 fields (minute hour day month "
+                f"weekday), or 6 with seconds first, got {shown(value)}")
+    return None
+
+
+def timezone_problem(value: object) -> str | None:
+    """A time zone name of the IANA database (``Europe/Paris``, ``UTC``)."""
+    if not isinstance(value, str) or not value or len(value) > TIMEZONE_MAX_LENGTH:
+        return f"must be a time zone name such as 'Europe/Paris' or 'UTC', got {shown(value)}"
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        return f"is not a known time zone (an IANA name such as 'Europe/Paris'), got {shown(value)}"
+    return None
+
+
+def choice_problem(value: object, choices: Iterable[str]) -> str | None:
+    allowed = list(choices)
+    if not isinstance(value, str) or value not in allowed:
+        return f"must be one of {', '.join(map(repr, allowed))}, got {shown(value)}"
     return None
 
 
@@ -159,27 +209,36 @@ def _span(low: float, high: float, low_inclusive: bool) -> str:
 
 
 __all__ = [
+    "CRON_MAX_LENGTH",
     "DURATION_MAX_SECONDS",
     "FAIRNESS_KEY_MAX_LENGTH",
     "KEY_MAX_LENGTH",
     "LEASE_MAX_SECONDS",
     "MAX_ATTEMPTS_LIMIT",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
     "QUEUE_NAME",
     "QUEUE_NAME_MAX_LENGTH",
     "QUEUE_NAME_RULE",
+    "SCHEDULE_NAME_MAX_LENGTH",
     "TASK_NAME",
     "TASK_NAME_MAX_LENGTH",
     "TASK_NAME_RULE",
+    "TIMEZONE_MAX_LENGTH",
     "TRACE_MAX_LENGTH",
     "bool_problem",
+    "choice_problem",
+    "cron_problem",
     "duration_problem",
     "escape_control",
     "number_problem",
     "queue_problem",
+    "schedule_name_problem",
     "seconds_of",
     "shown",
     "storable_text_problem",
     "task_name_problem",
     "text_problem",
+    "timezone_problem",
     "whole_number_problem",
 ]

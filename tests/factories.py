@@ -8,8 +8,8 @@ from datetime import timedelta
 import factory
 from django.utils import timezone
 
-from django_pgjobs.models import Attempt, IdempotencyReceipt, Job
-from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
+from django_pgjobs.models import Attempt, IdempotencyReceipt, Job, Schedule
+from django_pgjobs.status import AttemptOutcome, JobStatus, ScheduleSource, TerminalReason
 
 
 class JobFactory(factory.django.DjangoModelFactory):
@@ -85,3 +85,18 @@ class ReceiptFactory(factory.django.DjangoModelFactory):
     key = factory.Sequence(lambda n: f"order:{n}")
     result = {"ok": True}
     expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(days=7))
+
+
+class ScheduleFactory(factory.django.DjangoModelFactory):
+    """An operator's schedule of ``tests.when`` every second, due now."""
+
+    class Meta:
+        model = Schedule
+
+    name = factory.Sequence(lambda n: f"tests.schedule.{n}")
+    task = "tests.when"
+    cron = "* * * * * *"
+    timezone = "UTC"
+    payload = factory.Sequence(lambda n: {"schedule": n})
+    source = ScheduleSource.ADMIN
+    next_tick_at = factory.LazyFunction(lambda: timezone.now().replace(microsecond=0))

@@ -129,3 +129,10 @@ def gated_db(ctx: JobContext, payload: Any) -> int:
     events.append(("gated-db-start", ctx.job_id))
     gate.wait(10)
     return Job.objects.count()
+
+
+@job("tests.when")
+def when(ctx: JobContext, payload: Any) -> Any:
+    """Say which tick this job is for."""
+    return {"scheduled_at": None if ctx.scheduled_at is None else ctx.scheduled_at.isoformat(),
+            "payload": payload}

@@ -108,3 +108,53 @@ def test_receipts_must_outlast_the_longest_retry_window(settings) -> None:
         assert "shorter than the longest retry window (172800s" in error.msg
     finally:
         registry.remove("tests.checks.long_lived")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("nightly", "PGJOBS_SCHEDULES must be a dict of schedule name to options"),
+    ({"bad name": {"task": "tests.ok", "cron": "0 3 * * *"}}, "a key must be a schedule name"),
+    ({"n": {"task": "tests.ok"}}, "PGJOBS_SCHEDULES['n'] needs 'cron'"),
+    ({"n": {"task": "tests.ok", "cron": "0 3 * * *", "when": 1}}, "unknown option(s) when"),
+    ({"n": {"task": "tests.ok", "cron": "0 25 * * *"}},
+     "PGJOBS_SCHEDULES['n']: schedule 'n': cron is not a cron expression (Bad hour)"),
+    ({"n": {"task": "tests.ok", "cron": "0 3 * * *", "timezone": "Paris"}},
+     "schedule 'n': timezone is not a known time zone"),
+    ({"n": {"task": "tests.ok", "cron": "0 3 * * *", "misfire": "all"}},
+     "schedule 'n': misfire must be one of 'skip', 'catch_up', 'none', got 'all'"),
+    ({"n": {"task": "tests.ok", "cron": "0 3 * * *", "overlap": "never"}},
+     "schedule 'n': overlap must be one of 'allow', 'skip', got 'never'"),
+])
+def test_bad_schedule_settings_are_reported_naming_the_schedule(settings, value, message) -> None:
+    settings.PGJOBS_SCHEDULES = value
+    messages = check_settings()
+    assert [m.id for m in messages] == ["pgjobs.E010"]
+    assert message in messages[0].msg, messages[0].msg
+
+
+def test_a_schedule_of_an_unknown_handler_or_refused_jobs_is_a_check_error(settings) -> None:
+    from django_pgjobs import Schedule
+    from django_pgjobs.checks import check_schedules
+
+    settings.PGJOBS_SCHEDULES = {"n": {"task": "tests.nobody", "cron": "0 3 * * *"}}
+    assert check_settings() == []  # well formed: the handler is what is missing
+    job("tests.checks.reports", schedules=[Schedule("0 6 * * *", name="tests.checks.q",
+                                                    queue="reports")])(lambda ctx, p: None)
+    try:
+        settings.PGJOBS_QUEUES = ["default"]
+        errors = check_schedules()
+    finally:
+        registry.remove("tests.checks.reports")
+    assert [(e.id, e.msg) for e in errors] == [
+        ("pgjobs.E012", "schedule 'tests.checks.q': its jobs would be refused: unknown queue "
+                        "'reports': PGJOBS_QUEUES declares default"),
+        ("pgjobs.E012", "schedule 'n': task 'tests.nobody' has no registered handler (register "
+                        "it with @django_pgjobs.job)"),
+    ]
+
+
+def test_the_grace_must_outlast_the_schedule_interval(settings) -> None:
+    settings.PGJOBS_SCHEDULE_INTERVAL_SECONDS = 5
+    settings.PGJOBS_SCHEDULE_GRACE_SECONDS = 5
+    [error] = check_settings()
+    assert error.msg.startswith("PGJOBS_SCHEDULE_GRACE_SECONDS must be longer than "
+                                "PGJOBS_SCHEDULE_INTERVAL_SECONDS")

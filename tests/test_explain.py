@@ -141,6 +141,7 @@ def test_every_hot_query_reads_about_its_batch_on_large_history(history: None) -
         "settle": (BATCH, 2 * BATCH),  # the jobs by primary key, their attempts by lease token
         "aging": (BATCH, 2 * BATCH),
         "prune": (BATCH, 3 * BATCH),  # the finished jobs, their attempts, the rows deleted
+        "schedules": (0, 2 * BATCH),  # no schedules in this history: see the test below
     }
     assert set(reports) == set(bounds)
     for name, report in reports.items():
@@ -213,3 +214,33 @@ def test_the_command_fails_when_the_claim_reads_far_more_rows_than_its_batch(
     assert "does not read" not in output
     assert "rows read: 120, of them 120 from tables over 10000 rows (budget 200" in lenient
     assert lenient.rstrip().endswith("OK")
+
+
+SCHEDULES = """
+INSERT INTO pgjobs_schedule (name, task, cron, timezone, payload, queue, misfire, catch_up_limit,
+                             overlap, source, paused_at, next_tick_at, ticks_enqueued,
+                             ticks_missed, ticks_skipped, last_skip_reason, created_at,
+                             updated_at)
+SELECT 'explain.' || i, 'tests.when', '* * * * *', 'UTC', '{}', '', 'skip', 100,
+       CASE WHEN i %% 2 = 0 THEN 'skip' ELSE 'allow' END, 'admin',
+       CASE WHEN i %% 4 = 1 THEN now() END,
+       CASE WHEN i <= %s OR i %% 4 = 1 THEN now() - interval '1 minute'
+            ELSE now() + make_interval(mins => i) END,
+       0, 0, 0, '', now(), now()
+FROM generate_series(1, %s) AS i
+"""
+
+
+def test_the_due_schedule_query_reads_the_due_index_and_about_its_batch() -> None:
+    # 20,000 schedules: a quarter paused (and past due), 30 due, the rest due later.
+    with connection.cursor() as cursor:
+        cursor.execute(SCHEDULES, [30, 20_000])
+        cursor.execute("ANALYZE pgjobs_schedule")
+    report = explain("schedules", batch=BATCH)
+    assert report.ok, report.render()
+    [scan] = [n for n in report.nodes() if n.get("Index Name") == "pgjobs_schedule_due_idx"]
+    assert scan["Node Type"] in ("Index Scan", "Index Only Scan"), report.render()
+    assert not [n for n in report.nodes() if n["Node Type"] == "Seq Scan"
+                and n.get("Relation Name") == "pgjobs_schedule"], report.render()
+    # The batch through the due index (paused ones are not in it); the last jobs by key.
+    assert BATCH <= report.rows_read <= 2 * BATCH, report.render()

@@ -9,6 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
+from django.utils import timezone
 
 from django_pgjobs import sql, stats
 from django_pgjobs.status import AttemptOutcome, JobStatus
@@ -324,3 +325,42 @@ def test_stats_command_fails_when_a_backlog_is_unhealthy() -> None:
         run_stats()  # without the flag it only reports
     with pytest.raises(CommandError, match="unknown database alias"):
         run_stats("--database", "nope")
+
+
+# --- schedules ----------------------------------------------------------------------------------
+
+
+@override_settings(PGJOBS_SCHEDULE_GRACE_SECONDS=60)
+def test_schedules_whose_last_due_tick_was_not_enqueued_in_time_are_late() -> None:
+    from django_pgjobs.periodic import enqueue_due_ticks
+    from tests.factories import ScheduleFactory
+
+    now = timezone.now()
+    pending = ScheduleFactory(name="late.pending", next_tick_at=now - timedelta(minutes=5))
+    ScheduleFactory(name="on.time", next_tick_at=now - timedelta(seconds=10))
+    ScheduleFactory(name="paused.late", next_tick_at=now - timedelta(hours=1), paused_at=now)
+    ScheduleFactory(name="retired.late", next_tick_at=now - timedelta(hours=1), retired_at=now)
+    # Handled, but ten minutes after its tick: late until a tick is on time again.
+    handled = ScheduleFactory(name="late.handled", cron="0 * * * *",
+                              next_tick_at=now + timedelta(minutes=30),
+                              last_tick_at=now - timedelta(minutes=20),
+                              last_handled_at=now - timedelta(minutes=10))
+    health = stats.snapshot().schedules
+    assert (health.active, health.paused, health.retired) == (3, 1, 1)
+    assert [(s.name, s.pending) for s in health.late] == [
+        ("late.handled", False), ("late.pending", True)]
+    assert health.late[1].due_at == pending.next_tick_at
+    assert 299 < health.late[1].late_seconds < 400
+    assert 599 < health.late[0].late_seconds < 601
+    assert not health.on_time
+    data = stats.snapshot().as_dict()["schedules"]
+    assert data["on_time"] is False and data["late"][1]["name"] == "late.pending"
+    out = StringIO()
+    with pytest.raises(CommandError, match=r"late schedules: late\.handled, late\.pending"):
+        call_command("pgjobs_stats", "--fail-unhealthy", stdout=out)
+    assert "Schedules: 3 active, 1 paused, 1 retired; 2 late" in out.getvalue()
+    # A worker comes back: the pending one's missed ticks go by its policy and it runs its
+    # on-time ticks again, so only the schedule handled late and not due since stays late.
+    enqueue_due_ticks()
+    assert [s.name for s in stats.schedule_health().late] == [handled.name]
+

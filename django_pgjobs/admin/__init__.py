@@ -1,14 +1,16 @@
 """The Django admin for django-pgjobs: read-only records, permissioned and audited actions.
 
-``jobs`` registers the job admin (list, detail, raw payload, dashboard, actions), ``records``
+``jobs`` registers the job admin (list, detail, raw payload, dashboard, actions), ``schedules``
+the schedule admin (list, detail, operators' schedules, pause, resume, run now), ``records``
 the attempt, receipt and audit admins, ``queues`` the queues page (pause, resume); ``actions``
 is the table of operator actions, ``base`` what every admin shares (read-only, its own lookups
 only), ``display`` and ``filters`` the pieces they show, ``dashboard`` the operations page.
 """
 
-from . import jobs, queues, records
+from . import jobs, queues, records, schedules
 from .display import EstimatedCountPaginator, duration_text, planner_rows
 
 __all__ = [
     "EstimatedCountPaginator", "duration_text", "jobs", "planner_rows", "queues", "records",
+    "schedules",
 ]

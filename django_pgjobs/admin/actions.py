@@ -16,9 +16,15 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from .. import transitions
-from ..models import IdempotencyReceipt, Job
-from ..status import RETRYABLE_STATUSES, TERMINAL_STATUSES, WAITING_STATUSES, JobStatus
+from .. import periodic, transitions
+from ..models import IdempotencyReceipt, Job, Schedule
+from ..status import (
+    RETRYABLE_STATUSES,
+    TERMINAL_STATUSES,
+    WAITING_STATUSES,
+    JobStatus,
+    OverlapPolicy,
+)
 from .display import is_are, jobs_text, states_text
 
 # The most jobs one action may touch: their ids travel in the confirmation page.
@@ -258,4 +264,94 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            apply_cancel),
     Action("dead_letter_selected", "deadletter", "Dead-letter selected waiting jobs",
            DeadLetterForm, dead_letter_plan, apply_dead_letter),
+)}
+
+
+# --- schedule actions -----------------------------------------------------------------------------
+
+
+def schedules_text(n: int) -> str:
+    return f"{n} schedule" if n == 1 else f"{n} schedules"
+
+
+def schedule_states(ids: Sequence[int]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in Schedule.objects.filter(pk__in=ids).only("paused_at", "retired_at"):
+        counts[row.state] = counts.get(row.state, 0) + 1
+    return counts
+
+
+def _others(counts: dict[str, int], state: str, what: str) -> list[str]:
+    rest = {s: n for s, n in counts.items() if s != state and n}
+    if not rest:
+        return []
+    k = sum(rest.values())
+    states = ", ".join(f"{n} {s}" for s, n in sorted(rest.items()))
+    return [f"{schedules_text(k)} ({states}) {is_are(k)} not {state} and will not {what}."]
+
+
+def pause_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
+    n = counts.get("active", 0)
+    changes = [
+        f"{schedules_text(n)} (active) will stop ticking now. Ticks that fall while a schedule "
+        "is paused do not run, and are not caught up on resume." if n
+        else "No selected schedule is active: nothing will change."
+    ]
+    notes = ["Jobs already enqueued are not touched: cancel them from the job list. A pause "
+             "outlives deploys: the sync of declared schedules never resumes one."]
+    return Plan("Pause schedules", changes, _others(counts, "active", "change"), notes)
+
+
+def resume_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
+    n = counts.get("paused", 0)
+    changes = [
+        f"{schedules_text(n)} (paused) will tick again from their next tick after now." if n
+        else "No selected schedule is paused: nothing will change."
+    ]
+    return Plan("Resume schedules", changes, _others(counts, "paused", "change"))
+
+
+def run_now_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
+    n = counts.get("active", 0) + counts.get("paused", 0)
+    changes = [
+        f"{schedules_text(n)} will each get one job now, with the schedule's payload; the "
+        "handler sees the time you confirm as ctx.scheduled_at. The schedules' next ticks do "
+        "not move." if n else "Every selected schedule is retired: nothing will run."
+    ]
+    unchanged = ([f"{schedules_text(counts['retired'])} (retired) will not run."]
+                 if counts.get("retired") else [])
+    busy = Schedule.objects.filter(
+        pk__in=ids, retired_at__isnull=True, overlap=OverlapPolicy.SKIP,
+        last_job_id__in=Job.objects.filter(
+            status__in=[*WAITING_STATUSES, JobStatus.RUNNING]).values("id"),
+    ).count()
+    notes = [f"{schedules_text(busy)} with overlap 'skip' {is_are(busy)} still waiting for or "
+             "running its last job: the new job runs alongside it, and the next ticks are "
+             "skipped until it finishes."] if busy else []
+    return Plan("Run schedules now", changes, unchanged, notes)
+
+
+def apply_pause(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
+    n = periodic.pause_schedules(ids, actor=actor, reason=_reason(data))
+    return f"Paused {schedules_text(n)}."
+
+
+def apply_resume(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
+    n = periodic.resume_schedules(ids, actor=actor, reason=_reason(data))
+    return f"Resumed {schedules_text(n)}: each ticks next at its first tick after now."
+
+
+def apply_run_now(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
+    jobs = periodic.run_schedules_now(ids, actor=actor, reason=_reason(data))
+    made = ", ".join(str(job.pk) for job in jobs)
+    return f"Enqueued {jobs_text(len(jobs))} ({made})." if jobs else "Nothing was enqueued."
+
+
+SCHEDULE_ACTIONS: dict[str, Action] = {a.name: a for a in (
+    Action("pause_selected", "pause", "Pause selected schedules", ReasonForm, pause_plan,
+           apply_pause),
+    Action("resume_selected", "resume", "Resume selected schedules", ReasonForm, resume_plan,
+           apply_resume),
+    Action("run_now_selected", "run", "Run selected schedules now", ReasonForm, run_now_plan,
+           apply_run_now),
 )}

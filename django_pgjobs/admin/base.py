@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
 
 from ..models import Attempt
 from .display import EstimatedCountPaginator, attempt_error_html
@@ -36,18 +37,30 @@ class AttemptColumns:
         return attempt_error_html(attempt, attempt.job)
 
 
-class ReadOnlyAdmin(NoWrites, admin.ModelAdmin):
-    """Visible with the view permission; nothing can be added, changed or deleted here.
+class RefuseForgedActions:
+    """A POST for an action this user may not run is refused with 403, not ignored.
 
-    The list accepts only the query-string lookups its own filters produce. Django's default
-    lets any viewer filter on any field (``?payload__password__startswith=P``), which would read
-    redacted values one character at a time and scan the whole history; anything else is
-    refused with 400, the way Django refuses a disallowed lookup.
+    Django answers an action it does not offer with a "no action selected" message; a forged
+    form or an old tab asking for one is refused outright.
     """
 
-    paginator = EstimatedCountPaginator
-    show_full_result_count = False
-    list_per_page = 50
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if request.method == "POST":
+            allowed = self.get_actions(request)  # type: ignore[attr-defined]
+            if any(name and name not in allowed for name in request.POST.getlist("action")):
+                raise PermissionDenied
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+
+class OwnLookupsOnly:
+    """The list accepts only the query-string lookups its own filters produce.
+
+    Django's default lets any viewer filter on any field (``?payload__password__startswith=P``),
+    which would read redacted values one character at a time and scan the whole history;
+    anything else is refused with 400, the way Django refuses a disallowed lookup.
+    """
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         return lookup in self.allowed_lookups(request)
@@ -55,7 +68,8 @@ class ReadOnlyAdmin(NoWrites, admin.ModelAdmin):
     def allowed_lookups(self, request: HttpRequest | None) -> set[str]:
         """The query-string parameters this admin's list filters and date hierarchy use."""
         allowed: set[str] = set()
-        filters = self.get_list_filter(request) if request is not None else self.list_filter
+        filters = (self.get_list_filter(request)  # type: ignore[attr-defined]
+                   if request is not None else self.list_filter)  # type: ignore[attr-defined]
         for item in filters:
             if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
                 allowed.add(str(item.parameter_name))
@@ -64,6 +78,15 @@ class ReadOnlyAdmin(NoWrites, admin.ModelAdmin):
             # A field's list filter (choices, boolean, all values) says field__exact and
             # field__isnull; nothing more.
             allowed |= {f"{name}__exact", f"{name}__isnull"}
-        if self.date_hierarchy:
-            allowed |= {f"{self.date_hierarchy}__{part}" for part in ("year", "month", "day")}
+        hierarchy = getattr(self, "date_hierarchy", None)
+        if hierarchy:
+            allowed |= {f"{hierarchy}__{part}" for part in ("year", "month", "day")}
         return allowed
+
+
+class ReadOnlyAdmin(NoWrites, OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
+    """Visible with the view permission; nothing can be added, changed or deleted here."""
+
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50

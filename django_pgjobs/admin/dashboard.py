@@ -63,8 +63,16 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
         for q in snap.queues
     ]
     total_attempts = sum(b.count for b in snap.attempts) or 1
+    schedules = reverse("admin:pgjobs_schedule_changelist")
     return {
         "snapshot": snap,
+        "schedules_url": schedules,
+        "late_schedules": [
+            (s.name, f"{schedules}?{urlencode({'q': s.name})}", s.task,
+             f"{s.due_at:%Y-%m-%d %H:%M:%S} UTC", duration_text(s.late_seconds),
+             "not enqueued yet" if s.pending else "enqueued late")
+            for s in snap.schedules.late
+        ],
         "statuses": [s.label for s in COUNTED_STATUSES],
         "queue_rows": rows,
         "attempt_rows": [

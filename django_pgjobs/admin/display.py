@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from django.core.exceptions import EmptyResultSet
+from django.core.exceptions import EmptyResultSet, PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import QuerySet
@@ -76,6 +76,15 @@ def attempt_error_html(attempt: Attempt, job: Job) -> str:
 def searchable(term: str) -> bool:
     """Whether a search term can be sent as a parameter at all (PostgreSQL text has no NUL)."""
     return "\x00" not in term
+
+
+def parse_ids(text: str) -> list[int]:
+    """The ids a confirmation page pinned (``"3,5,8"``); a malformed list is refused."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    ids = {exact_id(part) for part in parts}
+    if None in ids:
+        raise PermissionDenied("malformed ids")
+    return sorted(i for i in ids if i is not None)
 
 
 def exact_id(term: str) -> int | None:

@@ -34,6 +34,7 @@ from .dashboard import dashboard_context
 from .display import (
     duration_text,
     exact_id,
+    parse_ids,
     pretty,
     preview,
     searchable,
@@ -43,14 +44,6 @@ from .filters import QueueFilter, TaskFilter
 
 def _actor(request: HttpRequest) -> transitions.Actor:
     return transitions.Actor.of(request.user)
-
-
-def _parse_ids(text: str) -> list[int]:
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    ids = {exact_id(part) for part in parts}
-    if None in ids:
-        raise PermissionDenied("malformed job ids")
-    return sorted(i for i in ids if i is not None)
 
 
 def operator_action(action: Action) -> Any:
@@ -92,7 +85,8 @@ class JobAdmin(ReadOnlyAdmin):
     ordering = ("-id",)
     inlines = [AttemptInline]
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
-    readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history")
+    readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",
+                       "schedule_link")
     fieldsets = (
         (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "failure_class",
                            "priority", "base_priority")}),
@@ -103,7 +97,8 @@ class JobAdmin(ReadOnlyAdmin):
                                            "updated_at")}),
         ("Lease", {"fields": ("lease_owner", "lease_token", "lease_seconds", "lease_expires_at",
                               "heartbeat_at", "cancel_requested_at")}),
-        ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key")}),
+        ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
+                                 "scheduled_at")}),
         ("Operator actions", {"fields": ("operator_history",)}),
     )
 
@@ -169,12 +164,7 @@ class JobAdmin(ReadOnlyAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        if request.method == "POST":
-            # Django answers an action it does not offer with a "no action selected" message;
-            # a forged POST for an action this user may not run is refused outright.
-            allowed = self.get_actions(request)
-            if any(name and name not in allowed for name in request.POST.getlist("action")):
-                raise PermissionDenied
+        # A forged POST for an action this user may not run is refused (RefuseForgedActions).
         context = {"dashboard_url": reverse("admin:pgjobs_job_dashboard"), **(extra_context or {})}
         return super().changelist_view(request, context)
 
@@ -194,6 +184,13 @@ class JobAdmin(ReadOnlyAdmin):
     def error_shown(self, job: Job) -> str:
         text = redactor_for(job.task).text(job.last_error, job.payload)
         return format_html("<pre>{}</pre>", text) if text else "-"
+
+    @admin.display(description="schedule")
+    def schedule_link(self, job: Job) -> str:
+        if job.schedule_id is None:
+            return "-"
+        url = reverse("admin:pgjobs_schedule_change", args=[job.schedule_id])
+        return format_html('<a href="{}">{}</a>', url, job.schedule_id)
 
     @admin.display(description="history")
     def operator_history(self, job: Job) -> str:
@@ -291,7 +288,7 @@ class JobAdmin(ReadOnlyAdmin):
         if confirming:
             # Ids of jobs that do not exist (pruned since the confirmation page, or forged) are
             # dropped here, so the audit row names only jobs the action could have touched.
-            requested = _parse_ids(request.POST.get("pgjobs_ids", ""))[: ACTION_MAX_JOBS + 1]
+            requested = parse_ids(request.POST.get("pgjobs_ids", ""))[: ACTION_MAX_JOBS + 1]
             ids = requested if len(requested) > ACTION_MAX_JOBS else list(
                 Job.objects.filter(pk__in=requested).order_by("id").values_list("id", flat=True)
             )
@@ -317,7 +314,7 @@ class JobAdmin(ReadOnlyAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.opts, "title": plan.title,
             "plan": plan, "form": form, "action": action.name, "ids": ",".join(map(str, ids)),
-            "first_id": ids[0], "selected": len(ids),
+            "first_id": ids[0], "selected": len(ids), "noun": "job",
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/pgjobs/job/confirm_action.html", context)

@@ -80,7 +80,7 @@ class OperatorActionAdmin(ReadOnlyAdmin):
     list_filter = ("action",)
     ordering = ("-id",)
     fields = ("created_at", "actor_name", "action", "reason", "selected", "changed",
-              "job_ids", "detail_shown")
+              "job_ids", "schedule_ids", "detail_shown")
     readonly_fields = ("detail_shown",)
 
     @admin.display(description="what changed")

@@ -1,39 +1,45 @@
 -- name: enqueue_jobs
 -- One INSERT for one or many jobs, in the caller's transaction. A job that a unique index
 -- refuses (its task and idempotency key exist; its unique key is held by an active job, or in
--- its period) is skipped here and read back by the caller. Times come from the database clock;
--- a unique period starts at the epoch's multiple of its length. When asked, the same statement sends one NOTIFY per queue that got a
--- ready job; PostgreSQL delivers it only if the caller's transaction commits.
+-- its period; its schedule's tick already has a job) is skipped here and read back by the
+-- caller. Times come from the database clock; a unique period starts at the epoch's multiple of
+-- its length. When asked, the same statement sends one NOTIFY per queue that got a ready job;
+-- PostgreSQL delivers it only if the caller's transaction commits.
 -- The row source after FROM is one of the two blocks below; both give the relation u(...).
 WITH inserted AS (
     INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
                             run_at, attempts, max_attempts, snoozes, deadline, lease_seconds,
                             idempotency_key, unique_key, unique_period_start, timeout_seconds,
-                            trace_id, fairness_key, failure_class, terminal_reason, last_error,
-                            created_at, updated_at)
+                            trace_id, fairness_key, schedule_id, scheduled_at, failure_class,
+                            terminal_reason, last_error, created_at, updated_at)
     SELECT t.task, t.payload_version, t.queue, t.payload::jsonb,
            CASE WHEN t.due > now() THEN 'scheduled' ELSE 'ready' END,
            t.priority, t.priority, t.due, 0, t.max_attempts, 0,
            now() + make_interval(secs => t.max_age_seconds), t.lease_seconds,
            t.idempotency_key, t.unique_key,
            to_timestamp(floor(extract(epoch FROM now()) / t.unique_period) * t.unique_period),
-           t.timeout_seconds, t.trace_id, t.fairness_key, '', '', '', now(), now()
+           t.timeout_seconds, t.trace_id, t.fairness_key, t.schedule_id, t.scheduled_at,
+           '', '', '', now(), now()
     FROM (
         SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay_seconds)) AS due
         FROM {rows}
             AS u(task, payload_version, queue, payload, priority, run_at, delay_seconds,
                  max_attempts, max_age_seconds, lease_seconds, idempotency_key, unique_key,
-                 unique_period, timeout_seconds, trace_id, fairness_key)
+                 unique_period, timeout_seconds, trace_id, fairness_key, schedule_id,
+                 scheduled_at)
     ) AS t
-    -- Any unique index: the idempotency key's, and the unique key's (while active, per period).
+    -- Any unique index: the idempotency key's, the unique key's (while active, per period), the
+    -- schedule tick's.
     ON CONFLICT DO NOTHING
-    RETURNING id, task, idempotency_key, unique_key, status, run_at, deadline, created_at, queue
+    RETURNING id, task, idempotency_key, unique_key, schedule_id, scheduled_at, status, run_at,
+              deadline, created_at, queue
 ), notified AS (
     SELECT count(pg_notify('pgjobs', n.queue)) AS sent
     FROM (SELECT DISTINCT queue FROM inserted WHERE status = 'ready' AND %s::boolean) AS n
 )
-SELECT i.id, i.task, i.idempotency_key, i.unique_key, i.status, i.run_at, i.deadline,
-       i.created_at, (SELECT sent FROM notified)
+-- Read back by column name (enqueuing._pair_with_rows).
+SELECT i.id, i.task, i.idempotency_key, i.unique_key, i.schedule_id, i.scheduled_at, i.status,
+       i.run_at, i.deadline, i.created_at, (SELECT sent FROM notified) AS notified
 FROM inserted AS i
 
 -- name: existing_unique_job
@@ -52,9 +58,10 @@ WHERE task = %(task)s AND unique_key = %(key)s
 -- Many jobs: one array per column.
 unnest(%s::text[], %s::int[], %s::text[], %s::text[], %s::int[], %s::timestamptz[],
        %s::float8[], %s::int[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::float8[],
-       %s::float8[], %s::text[], %s::text[])
+       %s::float8[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[])
 
 -- name: enqueue_rows_one
 -- One job, the common call: VALUES plans in a fraction of the time unnest takes.
 (VALUES (%s::text, %s::int, %s::text, %s::text, %s::int, %s::timestamptz, %s::float8, %s::int,
-         %s::float8, %s::int, %s::text, %s::text, %s::float8, %s::float8, %s::text, %s::text))
+         %s::float8, %s::int, %s::text, %s::text, %s::float8, %s::float8, %s::text, %s::text,
+         %s::bigint, %s::timestamptz))

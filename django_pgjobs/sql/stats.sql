@@ -145,3 +145,29 @@ FROM minutes AS m
 LEFT JOIN finished AS f ON f.minute = m.minute
 GROUP BY m.minute
 ORDER BY m.minute
+
+-- name: late_schedules
+-- Active schedules whose last due tick was not enqueued in time: one is due and older than the
+-- grace now (no worker has enqueued it), or the last tick handled was handled later than the
+-- grace after its time. The table holds one row per schedule, so this reads it whole.
+SELECT name, task, pending, due_at,
+       GREATEST(0, extract(epoch FROM (CASE WHEN pending THEN now() ELSE last_handled_at END)
+                                      - due_at))::float8 AS late_seconds
+FROM (
+    SELECT name, task, last_handled_at,
+           next_tick_at < now() - make_interval(secs => %(grace)s) AS pending,
+           CASE WHEN next_tick_at < now() - make_interval(secs => %(grace)s) THEN next_tick_at
+                ELSE last_tick_at END AS due_at
+    FROM pgjobs_schedule
+    WHERE paused_at IS NULL AND retired_at IS NULL
+) AS s
+WHERE pending
+   OR last_handled_at > due_at + make_interval(secs => %(grace)s)
+ORDER BY due_at
+LIMIT %(limit)s
+
+-- name: schedule_counts
+SELECT count(*) FILTER (WHERE retired_at IS NULL AND paused_at IS NULL),
+       count(*) FILTER (WHERE retired_at IS NULL AND paused_at IS NOT NULL),
+       count(*) FILTER (WHERE retired_at IS NOT NULL)
+FROM pgjobs_schedule

@@ -93,3 +93,13 @@ def bad_return(ctx: JobContext, payload: dict[str, Any]) -> object:
 @job("demo.permission")
 def permission(ctx: JobContext, payload: dict[str, Any]) -> None:
     raise Permanent("the API key was revoked")
+
+
+@job("demo.tick", lease=timedelta(seconds=10))
+def tick(ctx: JobContext, payload: dict[str, Any]) -> str | None:
+    """A schedule's job: record which tick ran, after sleeping as long as asked."""
+    started = timezone.now()
+    time.sleep(payload.get("sleep", 0.0))
+    tick_at = ctx.scheduled_at.isoformat() if ctx.scheduled_at else "-"
+    _ledger(ctx, "tick", f"{payload.get('schedule', '-')}@{tick_at}", started)
+    return tick_at

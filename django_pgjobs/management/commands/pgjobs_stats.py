@@ -33,13 +33,14 @@ def _cell(value: Any) -> str:
 
 class Command(BaseCommand):
     help = ("Show queue counts, backlog age against the policy, attempts, latency, leases, "
-            "failures and throughput.")
+            "failures, throughput and late schedules.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
         parser.add_argument("--fail-unhealthy", action="store_true",
                             help="exit 1 when a queue's oldest ready job is older than its "
-                                 "backlog policy (for cron and health checks)")
+                                 "backlog policy or a schedule is late (for cron and health "
+                                 "checks)")
         parser.add_argument("--database", default="default", help="database alias")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -51,8 +52,11 @@ class Command(BaseCommand):
         else:
             self.stdout.write("\n".join(self._render(snap)))
         unhealthy = [q.queue for q in snap.queues if not q.healthy]
-        if options["fail_unhealthy"] and unhealthy:
-            raise CommandError(f"backlog older than its policy in: {', '.join(unhealthy)}")
+        late = [s.name for s in snap.schedules.late]
+        if options["fail_unhealthy"] and (unhealthy or late):
+            raise CommandError("; ".join(
+                [f"backlog older than its policy in: {', '.join(unhealthy)}"] * bool(unhealthy)
+                + [f"late schedules: {', '.join(late)}"] * bool(late)))
 
     def _render(self, snap: stats.Snapshot) -> list[str]:
         recent_h = stats.RECENT_SECONDS // 3600
@@ -83,6 +87,15 @@ class Command(BaseCommand):
         out += _table(["failure class", "task", "attempts"],
                       [[f.failure_class, f.task, f.count] for f in snap.failures]) \
             if snap.failures else ["  (none)"]
+        health = snap.schedules
+        out += ["", f"Schedules: {health.active} active, {health.paused} paused, "
+                    f"{health.retired} retired; "
+                + (f"{len(health.late)} late (last due tick not enqueued within "
+                   f"{health.grace_seconds:g}s)" if health.late else "none late")]
+        if health.late:
+            out += _table(["schedule", "task", "due tick", "late s", "enqueued"],
+                          [[s.name, s.task, s.due_at.isoformat(), s.late_seconds,
+                            "not yet" if s.pending else "late"] for s in health.late])
         succeeded = sum(p.succeeded for p in snap.throughput)
         dead = sum(p.dead for p in snap.throughput)
         peak = max((p.succeeded + p.dead for p in snap.throughput), default=0)

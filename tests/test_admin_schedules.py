@@ -1,0 +1,307 @@
+"""The schedule admin: what operators see, what they may change, and the audit of each change."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.utils import timezone
+
+from django_pgjobs import job
+from django_pgjobs.models import Job, OperatorAction, Schedule
+from django_pgjobs.periodic import enqueue_due_ticks
+from django_pgjobs.redaction import REDACTED
+from django_pgjobs.status import JobStatus, ScheduleSource
+from tests.factories import ScheduleFactory
+
+pytestmark = pytest.mark.django_db
+
+LIST = "/admin/pgjobs/schedule/"
+ACTIONS = ("pause_selected", "resume_selected", "run_now_selected")
+
+
+@job("tests.admin.report", redact=("recipient",))
+def report(ctx: Any, payload: Any) -> None:
+    """A scheduled handler whose payload carries a secret."""
+
+
+@pytest.fixture
+def login(client: Client):
+    def log_in(*codenames: str, superuser: bool = False, username: str = "op") -> Client:
+        user = User.objects.create_user(username, password="pw", is_staff=True,
+                                        is_superuser=superuser)
+        user.user_permissions.set(Permission.objects.filter(
+            content_type__app_label="pgjobs", codename__in=codenames))
+        client.force_login(user)
+        return client
+
+    return log_in
+
+
+def choices(client: Client) -> set[str]:
+    response = client.get(LIST)
+    assert response.status_code == 200
+    return {name for name, _ in response.context["action_form"].fields["action"].choices if name}
+
+
+def start(client: Client, action: str, schedules: list[Schedule]) -> Any:
+    return client.post(LIST, {"action": action, "index": 0,
+                              "_selected_action": [s.pk for s in schedules]})
+
+
+def confirm(client: Client, action: str, schedules: list[Schedule], **fields: Any) -> Any:
+    return client.post(LIST, {
+        "action": action, "_selected_action": schedules[0].pk, "pgjobs_confirm": "yes",
+        "pgjobs_ids": ",".join(str(s.pk) for s in schedules), **fields,
+    })
+
+
+def fresh(schedule: Schedule) -> Schedule:
+    return Schedule.objects.get(pk=schedule.pk)
+
+
+def form_data(**overrides: Any) -> dict[str, Any]:
+    data = {"name": "ops.nightly", "task": "tests.admin.report", "cron": "0 3 * * *",
+            "timezone": "Europe/Paris", "payload": '{"recipient": "ops@example.com"}',
+            "queue": "", "priority": "", "misfire": "skip", "catch_up_limit": "100",
+            "overlap": "allow"}
+    return {**data, **overrides}
+
+
+# --- what operators see ------------------------------------------------------------------------
+
+
+def test_the_list_shows_last_tick_next_five_ticks_and_the_last_job_with_its_outcome(
+    login,
+) -> None:
+    schedule = ScheduleFactory(name="ops.hourly", task="tests.admin.report", cron="0 * * * *",
+                               timezone="Europe/Paris",
+                               next_tick_at=datetime(2026, 10, 25, 0, 0, tzinfo=UTC))
+    enqueue_due_ticks(now=datetime(2026, 10, 25, 0, 0, 5, tzinfo=UTC))
+    job_row = Job.objects.get(schedule=schedule)
+    Job.objects.filter(pk=job_row.pk).update(status=JobStatus.DEAD, finished_at=timezone.now(),
+                                             terminal_reason="permanent_error")
+    client = login("view_schedule")
+    page = client.get(LIST).content.decode()
+    assert "ops.hourly" in page
+    assert "2026-10-25 02:00:00+0200" in page  # the last tick, in the schedule's zone
+    # The next five, through the repeated hour: 02:00 again, an hour later in CET.
+    for tick in ("2026-10-25 02:00:00+0100", "2026-10-25 03:00:00+0100",
+                 "2026-10-25 04:00:00+0100", "2026-10-25 05:00:00+0100",
+                 "2026-10-25 06:00:00+0100"):
+        assert tick in page
+    assert f'<a href="/admin/pgjobs/job/{job_row.pk}/change/">{job_row.pk}</a> dead' in page
+
+
+def test_the_list_does_not_query_per_row(login, django_assert_max_num_queries) -> None:
+    for _ in range(3):
+        ScheduleFactory(last_job_id=Job.objects.create(
+            task="tests.when", queue="default", payload={}, status="ready", max_attempts=1,
+            lease_seconds=30).pk)
+    client = login("view_schedule")
+    client.get(LIST)
+    with django_assert_max_num_queries(8):
+        client.get(LIST)
+    for _ in range(10):
+        ScheduleFactory()
+    with django_assert_max_num_queries(8):
+        client.get(LIST)
+
+
+def test_payloads_are_shown_redacted_to_viewers(login) -> None:
+    schedule = ScheduleFactory(task="tests.admin.report",
+                               payload={"recipient": "ceo@example.com", "day": "monday"})
+    client = login("view_schedule")
+    page = client.get(f"{LIST}{schedule.pk}/change/").content.decode()
+    assert "ceo@example.com" not in page
+    assert REDACTED in page and "monday" in page
+
+
+# --- permissions ---------------------------------------------------------------------------------
+
+
+def test_each_schedule_action_needs_its_own_permission(login) -> None:
+    assert choices(login(superuser=True, username="root")) == set(ACTIONS)
+
+
+@pytest.mark.parametrize(("codename", "action"), [("pause_schedule", "pause_selected"),
+                                                  ("resume_schedule", "resume_selected"),
+                                                  ("run_schedule", "run_now_selected")])
+def test_one_permission_opens_one_action(login, codename: str, action: str) -> None:
+    assert choices(login("view_schedule", codename)) == {action}
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_view_only_staff_get_403_on_forged_posts_and_nothing_changes(login, action) -> None:
+    active, paused = ScheduleFactory(), ScheduleFactory(paused_at=timezone.now())
+    client = login("view_schedule")
+    assert start(client, action, [active, paused]).status_code == 403
+    assert confirm(client, action, [active, paused], reason="x").status_code == 403
+    assert (fresh(active).state, fresh(paused).state) == ("active", "paused")
+    assert Job.objects.count() == 0
+    assert OperatorAction.objects.count() == 0
+
+
+def test_view_only_staff_cannot_add_or_edit_schedules(login) -> None:
+    schedule = ScheduleFactory(cron="0 3 * * *")
+    client = login("view_schedule")
+    assert client.post(f"{LIST}add/", form_data()).status_code == 403
+    assert client.post(f"{LIST}{schedule.pk}/change/",
+                       form_data(name=schedule.name, cron="0 4 * * *")).status_code == 403
+    assert fresh(schedule).cron == "0 3 * * *"
+    assert not Schedule.objects.filter(name="ops.nightly").exists()
+    assert OperatorAction.objects.count() == 0
+
+
+def test_nobody_deletes_a_schedule_and_declared_ones_are_read_only(login) -> None:
+    declared = ScheduleFactory(source=ScheduleSource.CODE, cron="0 3 * * *")
+    client = login(superuser=True)
+    assert client.post(f"{LIST}{declared.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert client.post(f"{LIST}{declared.pk}/change/",
+                       form_data(name=declared.name, cron="0 4 * * *")).status_code == 403
+    assert fresh(declared).cron == "0 3 * * *"
+    assert "delete_selected" not in choices(client)
+
+
+# --- actions -----------------------------------------------------------------------------------
+
+
+def test_pause_asks_first_then_pauses_the_active_ones_and_audits_it(login) -> None:
+    active, paused = ScheduleFactory(), ScheduleFactory(paused_at=timezone.now())
+    client = login("view_schedule", "pause_schedule", username="alice")
+    plan = start(client, "pause_selected", [active, paused]).context["plan"]
+    assert plan.changes[0].startswith("1 schedule (active) will stop ticking now.")
+    assert plan.unchanged == ["1 schedule (1 paused) is not active and will not change."]
+    assert fresh(active).state == "active" and OperatorAction.objects.count() == 0
+    assert confirm(client, "pause_selected", [active, paused],
+                   reason="provider outage").status_code == 302
+    assert fresh(active).state == "paused"
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.actor_name, audit.reason, audit.schedule_ids, audit.changed) == (
+        "schedule_pause", "alice", "provider outage", sorted([active.pk, paused.pk]), 1)
+    messages = [str(m) for m in client.get(LIST).context["messages"]]
+    assert messages == ["Paused 1 schedule."]
+
+
+def test_resume_ticks_again_from_the_next_tick_and_audits_it(login) -> None:
+    paused = ScheduleFactory(paused_at=timezone.now() - timedelta(hours=1),
+                             next_tick_at=timezone.now() - timedelta(hours=1))
+    client = login("view_schedule", "resume_schedule")
+    assert confirm(client, "resume_selected", [paused], reason="").status_code == 302
+    paused = fresh(paused)
+    assert paused.state == "active"
+    assert paused.next_tick_at > timezone.now() - timedelta(seconds=2)
+    assert OperatorAction.objects.get().action == "schedule_resume"
+
+
+def test_run_now_enqueues_a_job_of_the_schedule_and_audits_it(login) -> None:
+    schedule = ScheduleFactory(task="tests.admin.report", payload={"day": "friday"})
+    client = login("view_schedule", "run_schedule", username="bob")
+    plan = start(client, "run_now_selected", [schedule]).context["plan"]
+    assert plan.changes[0].startswith("1 schedule will each get one job now")
+    assert confirm(client, "run_now_selected", [schedule], reason="missed report").status_code \
+        == 302
+    ran = Job.objects.get(schedule=schedule)
+    assert (ran.task, ran.payload) == ("tests.admin.report", {"day": "friday"})
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.job_ids, audit.schedule_ids, audit.reason) == (
+        "schedule_run_now", [ran.pk], [schedule.pk], "missed report")
+    assert fresh(schedule).last_job_id == ran.pk
+
+
+# --- creating and editing ----------------------------------------------------------------------
+
+
+def test_an_operator_creates_a_schedule_for_a_registered_handler_and_it_is_audited(
+    login,
+) -> None:
+    client = login("view_schedule", "add_schedule", username="carol")
+    response = client.post(f"{LIST}add/", form_data())
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    made = Schedule.objects.get(name="ops.nightly")
+    assert (made.source, made.task, made.cron, made.timezone, made.payload) == (
+        ScheduleSource.ADMIN, "tests.admin.report", "0 3 * * *", "Europe/Paris",
+        {"recipient": "ops@example.com"})
+    assert made.next_tick_at is not None and made.next_tick_at > timezone.now()
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.actor_name, audit.schedule_ids) == (
+        "schedule_create", "carol", [made.pk])
+    assert audit.detail["definition"]["payload"] == {"recipient": REDACTED}
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"cron": "61 3 * * *"}, "schedule &#x27;ops.nightly&#x27;: cron is not a cron expression"),
+    ({"timezone": "Europe/Atlantis"},
+     "schedule &#x27;ops.nightly&#x27;: timezone is not a known time zone"),
+    ({"task": "tests.not_registered"}, "Select a valid choice. tests.not_registered is not one"),
+    ({"misfire": "later"}, "Select a valid choice. later is not one of the available choices."),
+    ({"overlap": "queue"}, "Select a valid choice. queue is not one of the available choices."),
+    ({"payload": '{"a": "b\\u0000"}'}, "schedule &#x27;ops.nightly&#x27;: payload is refused"),
+    ({"queue": "no spaces"}, "schedule &#x27;ops.nightly&#x27;: queue must be a queue name"),
+    ({"catch_up_limit": "0"}, "schedule &#x27;ops.nightly&#x27;: catch_up_limit must be a whole "
+                              "number from 1 to 10000, got 0"),
+])
+def test_bad_input_is_refused_at_save_naming_the_schedule(login, overrides, message) -> None:
+    client = login("view_schedule", "add_schedule")
+    response = client.post(f"{LIST}add/", form_data(**overrides))
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Schedule.objects.filter(name="ops.nightly").exists()
+    assert OperatorAction.objects.count() == 0
+
+
+def test_a_payload_too_large_for_enqueue_is_refused_at_save(login, settings) -> None:
+    settings.PGJOBS_MAX_PAYLOAD_BYTES = 64
+    client = login("view_schedule", "add_schedule")
+    response = client.post(f"{LIST}add/", form_data(payload='{"text": "' + "x" * 100 + '"}'))
+    assert "schedule &#x27;ops.nightly&#x27;: payload is refused: payload is 111 bytes" in \
+        response.content.decode()
+    assert not Schedule.objects.exists()
+
+
+def test_an_edit_is_audited_with_what_changed_and_a_new_cron_moves_the_next_tick(login) -> None:
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.report", cron="0 3 * * *",
+                               timezone="Europe/Paris", payload={"recipient": "a@example.com"},
+                               next_tick_at=datetime(2026, 1, 1, tzinfo=UTC))
+    client = login("view_schedule", "change_schedule", "view_raw_payload", username="dan")
+    response = client.post(f"{LIST}{schedule.pk}/change/",
+                           form_data(cron="30 4 * * *",
+                                     payload='{"recipient": "b@example.com"}'))
+    assert response.status_code == 302
+    schedule = fresh(schedule)
+    assert (schedule.cron, schedule.payload) == ("30 4 * * *", {"recipient": "b@example.com"})
+    assert schedule.next_tick_at > timezone.now()
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.actor_name) == ("schedule_change", "dan")
+    assert audit.detail == {"changed": {"cron": ["0 3 * * *", "30 4 * * *"],
+                                        "payload": [{"recipient": REDACTED},
+                                                    {"recipient": REDACTED}]}}
+
+
+def test_an_editor_without_the_raw_payload_permission_cannot_see_or_change_the_payload(
+    login,
+) -> None:
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.report", cron="0 3 * * *",
+                               timezone="Europe/Paris", payload={"recipient": "a@example.com"})
+    client = login("view_schedule", "change_schedule")
+    page = client.get(f"{LIST}{schedule.pk}/change/").content.decode()
+    assert "a@example.com" not in page
+    response = client.post(f"{LIST}{schedule.pk}/change/",
+                           form_data(cron="0 5 * * *", payload='{"recipient": "evil@x.org"}'))
+    assert response.status_code == 302
+    schedule = fresh(schedule)
+    assert (schedule.cron, schedule.payload) == ("0 5 * * *", {"recipient": "a@example.com"})
+
+
+def test_the_dashboard_shows_late_schedules(login, settings) -> None:
+    settings.PGJOBS_SCHEDULE_GRACE_SECONDS = 60
+    ScheduleFactory(name="ops.late", next_tick_at=timezone.now() - timedelta(minutes=10))
+    ScheduleFactory(name="ops.fine", next_tick_at=timezone.now() + timedelta(minutes=10))
+    client = login("view_job")
+    page = client.get("/admin/pgjobs/job/dashboard/").content.decode()
+    assert "1 late: the last due tick was not enqueued within 60s." in page
+    assert "ops.late" in page and "ops.fine" not in page
+    assert "not enqueued yet" in page
