@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from django_pgjobs import job
@@ -19,3 +21,15 @@ def noop(ctx: JobContext, payload: dict[str, Any]) -> None:
 def pickup(ctx: JobContext, payload: dict[str, Any]) -> None:
     """Report the moment this handler started."""
     report_start(payload["n"], payload["port"])
+
+
+@job("bench.await_io")
+async def await_io(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Wait on simulated I/O the way async code does: the event loop runs others meanwhile."""
+    await asyncio.sleep(payload["seconds"])
+
+
+@job("bench.block_io")
+def block_io(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Wait on simulated I/O the way blocking code does: the thread is held for the wait."""
+    time.sleep(payload["seconds"])

@@ -70,10 +70,11 @@ def enqueue_bulk(n: int, chunk: int = 1000, rounds: int = 4) -> dict[str, Any]:
     return rates
 
 
-def preload(n: int, chunk: int = 1000) -> dict[str, Any]:
+def preload(n: int, chunk: int = 1000, task: str = "bench.noop",
+            payload: dict[str, Any] | None = None) -> dict[str, Any]:
     for start in range(0, n, chunk):
         with transaction.atomic():
-            enqueue_many([JobSpec.of("bench.noop", {"n": i})
+            enqueue_many([JobSpec.of(task, {"n": i, **(payload or {})})
                           for i in range(start, min(start + chunk, n))])
     return {"jobs": n}
 
