@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import replace
 from datetime import timedelta
@@ -102,6 +103,22 @@ def test_settle_applies_under_the_lease_in_one_statement() -> None:
         attempt = Attempt.objects.get(lease_token=c.lease_token)
         assert attempt.outcome == attempt.reported_outcome == AttemptOutcome.SUCCEEDED
         assert attempt.duration_ms == 5 and attempt.finished_at is not None
+
+
+def test_inside_a_long_transaction_settle_and_heartbeat_use_the_statements_clock() -> None:
+    # This test runs in one transaction, as a TestCase does: now() stays at its start.
+    JobFactory.create_batch(2)
+    time.sleep(0.01)
+    first, second = claim_jobs("w1", "default", 2)
+    time.sleep(0.01)
+    extended = extend_leases([(second.id, second.lease_token)])
+    assert list(extended) == [second.id]
+    assert Job.objects.get(pk=second.id).lease_expires_at > second.lease_expires_at
+    assert settle([succeeded(first, first.lease_token)]) == {first.lease_token: True}
+    job = Job.objects.get(pk=first.id)
+    attempt = Attempt.objects.get(lease_token=first.lease_token)
+    assert job.finished_at is not None and attempt.finished_at is not None
+    assert job.finished_at > job.started_at and attempt.finished_at > attempt.claimed_at
 
 
 def test_a_stale_worker_cannot_settle_or_heartbeat_a_job_another_attempt_owns() -> None:

@@ -41,7 +41,9 @@ ORDER BY priority DESC, run_at, id
 -- name: settle_jobs
 -- One fenced statement for a whole batch of outcomes. A job row changes only while it is still
 -- running under the reported lease token; an outcome whose token no longer matches is written
--- to its own attempt as 'lost' and nowhere else.
+-- to its own attempt as 'lost' and nowhere else. Times are the statement's, like the claim's:
+-- sent inside a longer transaction (a test's, django_pgjobs.testing.drain), now() would be that
+-- transaction's start, before the attempt was even claimed.
 WITH reported AS (
     -- The batch arrives as one JSON array of objects keyed by these columns, which are the
     -- fields of outcomes.Outcome of the same names (transitions.settle builds them).
@@ -55,7 +57,7 @@ WITH reported AS (
     UPDATE pgjobs_job AS j
     SET status = r.status,
         run_at = CASE WHEN r.delay_seconds IS NULL THEN j.run_at
-                      ELSE now() + make_interval(secs => r.delay_seconds) END,
+                      ELSE statement_timestamp() + make_interval(secs => r.delay_seconds) END,
         -- The claim counted the attempt; an outcome that does not count it gives it back.
         attempts = j.attempts - CASE WHEN r.counted THEN 0 ELSE 1 END,
         snoozes = j.snoozes + CASE WHEN r.adds_snooze THEN 1 ELSE 0 END,
@@ -67,8 +69,9 @@ WITH reported AS (
         terminal_reason = r.terminal_reason,
         last_error = CASE WHEN r.error = '' THEN j.last_error ELSE r.error END,
         result = r.result_json::jsonb,
-        finished_at = CASE WHEN r.status IN ('succeeded', 'dead', 'cancelled') THEN now() END,
-        updated_at = now()
+        finished_at = CASE WHEN r.status IN ('succeeded', 'dead', 'cancelled')
+                           THEN statement_timestamp() END,
+        updated_at = statement_timestamp()
     FROM reported AS r
     WHERE j.id = r.job_id AND j.lease_token = r.lease_token AND j.status = 'running'
     RETURNING r.lease_token
@@ -76,7 +79,7 @@ WITH reported AS (
 -- Matched on the token, not the job: one batch can hold a stale report and the winning report
 -- for the same job (a handler ran past its lease and the retry finished before the flush).
 UPDATE pgjobs_attempt AS a
-SET finished_at = now(),
+SET finished_at = statement_timestamp(),
     outcome = CASE WHEN s.lease_token IS NULL THEN 'lost' ELSE r.attempt_outcome END,
     reported_outcome = r.attempt_outcome,
     failure_class = r.failure_class,
@@ -91,10 +94,11 @@ WHERE a.lease_token = r.lease_token AND a.outcome IN ('running', 'lease_expired'
 RETURNING r.lease_token, s.lease_token IS NOT NULL AS applied
 
 -- name: extend_leases
+-- A heartbeat extends from the statement's time: a handler may send it inside its own transaction.
 UPDATE pgjobs_job AS j
-SET lease_expires_at = now() + make_interval(secs => j.lease_seconds),
-    heartbeat_at = now(),
-    updated_at = now()
+SET lease_expires_at = statement_timestamp() + make_interval(secs => j.lease_seconds),
+    heartbeat_at = statement_timestamp(),
+    updated_at = statement_timestamp()
 FROM unnest(%s::bigint[], %s::uuid[]) AS h(id, token)
 WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'running'
 RETURNING j.id, j.lease_expires_at, j.cancel_requested_at IS NOT NULL
