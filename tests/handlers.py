@@ -7,6 +7,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
+
 from django_pgjobs import Permanent, RetryAfter, Snooze, Transient, job
 from django_pgjobs.context import JobContext
 
@@ -129,3 +131,24 @@ def gated_db(ctx: JobContext, payload: Any) -> int:
     events.append(("gated-db-start", ctx.job_id))
     gate.wait(10)
     return Job.objects.count()
+
+
+@job("tests.fan_out")
+def fan_out(ctx: JobContext, payload: Any) -> int:
+    """Enqueue ``n`` jobs of tests.ok, the higher-numbered first in priority."""
+    for n in range(payload["n"]):
+        ok.enqueue({"child": n}, priority=n)
+    return int(payload["n"])
+
+
+@job("tests.forever")
+def forever(ctx: JobContext, payload: Any) -> None:
+    """Enqueue the next generation of itself, for ever."""
+    forever.enqueue({"generation": payload["generation"] + 1})
+
+
+@job("tests.aborts_transaction", max_attempts=1)
+def aborts_transaction(ctx: JobContext, payload: Any) -> None:
+    """Fail a statement outside any atomic block (in a test's transaction, that aborts it)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 / 0")

@@ -120,6 +120,26 @@ FROM due
 WHERE j.id = due.id
 RETURNING j.queue
 
+-- name: promote_jobs_due_by
+-- promote_due_jobs as of a given time instead of the database clock, for the given queues (NULL:
+-- every queue): how django_pgjobs.testing.drain(now=...) runs scheduled and retrying jobs before
+-- the database's time for them has come. Only the status changes; run_at (when the job was
+-- due), the deadline and everything the lease depends on stay as they are.
+WITH due AS (
+    SELECT id
+    FROM pgjobs_job
+    WHERE status IN ('scheduled', 'retrying') AND run_at <= %(when)s::timestamptz
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgjobs_job AS j
+SET status = 'ready', updated_at = statement_timestamp()
+FROM due
+WHERE j.id = due.id
+RETURNING j.queue
+
 -- name: ready_queues
 -- The distinct queues that have ready jobs, read as a loose index scan over the claim index
 -- (one index probe per queue instead of a scan of every ready row).
