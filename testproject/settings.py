@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "django_pgjobs",
     "testproject.demo",
     "testproject.chaos",
+    "testproject.shop",
 ]
 try:
     import django.tasks  # noqa: F401  (Django 6+)
