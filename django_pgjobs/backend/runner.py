@@ -15,9 +15,11 @@ from django.utils import timezone
 from django.utils.connection import ConnectionDoesNotExist
 
 from ..conf import settings
-from ..exceptions import EnqueueError, Permanent
+from ..exceptions import EnqueueError
 from ..redaction import Redactor
 from ..registry import Handler, redactor_for
+from ..retry import Verdict, backoff_replaceable, classify, with_verdict
+from ..validation import DURATION_MAX_SECONDS, number_problem, shown
 from .compat import (
     BaseTaskBackend,
     Task,
@@ -32,7 +34,7 @@ from .compat import (
     task_started,
 )
 from .names import find_task, task_name
-from .options import pgjobs_options
+from .options import backoff_of, pgjobs_options
 from .results import load_result
 
 if TYPE_CHECKING:
@@ -127,11 +129,7 @@ def _runner(task: Task) -> Any:
                                   **running.kwargs)
             else:
                 value = task.call(*running.args, **running.kwargs)
-            try:
-                value = normalize_json(value)
-            except (TypeError, ValueError) as exc:
-                # The task already ran; a retry would return the same thing.
-                raise Permanent(f"task returned a value that is not JSON: {exc}") from exc
+            value = _normalized(value)
         except BaseException as exc:
             scrub = redactor_for(ctx.job.task)
             failed = replace(
@@ -146,6 +144,7 @@ def _runner(task: Task) -> Any:
                 raise TaskFailed(summary) from None
             except TaskFailed:
                 send_robust(task_finished, sender, failed)
+            _apply_backoff(exc, failed, ctx, backend)
             # The worker classifies the task's own exception (retry or dead), as for any job.
             raise
         finished = replace(running, status=TaskResultStatus.SUCCESSFUL,
@@ -157,6 +156,50 @@ def _runner(task: Task) -> Any:
     run.__name__ = run.__qualname__ = task.name
     run.__module__ = task.func.__module__
     return run
+
+
+def _normalized(value: Any) -> Any:
+    """The return value as Django normalises it; what Django cannot is the task's failure."""
+    try:
+        return normalize_json(value)
+    except (TypeError, ValueError) as exc:
+        # Recorded as the exception normalize_json raised, with its traceback, as Django's own
+        # backends record it. The task already ran; running it again would return the same.
+        with_verdict(exc, Verdict(permanent=True))
+        raise
+
+
+def _apply_backoff(
+    exc: BaseException, failed: TaskResult, ctx: JobContext, backend: BaseTaskBackend | None
+) -> None:
+    """Let OPTIONS["backoff"] choose the wait after a failure the policy would back off from.
+
+    ``backoff(exception, task_result)`` gets the result as this run left it (FAILED, the new
+    error appended) and returns seconds to wait, or None to stop retrying. It is not asked
+    when the attempts are used up, nor for failures that say their own wait (``RetryAfter``)
+    or are permanent.
+    """
+    backoff = backoff_of(pgjobs_options(backend))
+    if backoff is None or ctx.job.attempt >= ctx.job.max_attempts:
+        return
+    if not backoff_replaceable(classify(exc)[0]):
+        return
+    try:
+        seconds = backoff(exc, failed)
+    except Exception:  # a broken backoff must not change how the task failed
+        logger.exception("OPTIONS['backoff'] of backend %r raised for task result %s; the "
+                         "default backoff applies", failed.backend, failed.id)
+        return
+    if seconds is None:
+        with_verdict(exc, Verdict(permanent=True))
+        return
+    problem = number_problem(seconds, 0, DURATION_MAX_SECONDS)
+    if problem is not None:
+        logger.error("OPTIONS['backoff'] of backend %r returned %s for task result %s: it %s; "
+                     "the default backoff applies", failed.backend, shown(seconds), failed.id,
+                     problem)
+        return
+    with_verdict(exc, Verdict(retry_in=float(seconds)))
 
 
 def send_robust(signal: Signal, sender: type, result: TaskResult) -> None:
