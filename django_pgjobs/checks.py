@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -87,6 +88,15 @@ def _backlog_policy(value: Any) -> str | None:
     return None
 
 
+def _tracing(value: Any) -> str | None:
+    if value is not None and not isinstance(value, bool):
+        return ("must be None (trace when opentelemetry-api is installed), True or False, "
+                f"got {shown(value)}")
+    if value is True and importlib.util.find_spec("opentelemetry") is None:
+        return "is True but opentelemetry-api is not installed (pip install 'django-pgjobs[otel]')"
+    return None
+
+
 # Every setting and its rule, in conf.py's order; a test fails when a setting has no rule.
 SETTING_RULES: dict[str, Rule] = {
     "QUEUE": queue_problem,
@@ -122,6 +132,7 @@ SETTING_RULES: dict[str, Rule] = {
     "BACKLOG_CHECK_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
     "REDACT_KEYS": _names("key names"),
     "HANDLER_MODULES": _names("module names"),
+    "TRACING": _tracing,
 }
 
 

@@ -40,6 +40,8 @@ class ClaimedJob:
     priority: int
     created_at: datetime
     run_at: datetime | None = None  # when the job became due; pickup latency starts here
+    # The enqueue span's W3C traceparent (django_pgjobs.tracing links the attempt's span to it).
+    traceparent: str | None = None
     # This process's clock when the lease was last taken or extended.
     claimed_monotonic: float = field(default_factory=time.monotonic)
 
@@ -80,12 +82,12 @@ def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
     at = {name: index for index, name in enumerate(columns)}
     wanted = ("id", "task", "payload_version", "payload", "attempt", "max_attempts", "snoozes",
               "deadline_us", "lease_seconds", "lease_token", "lease_expires_at_us", "trace_id",
-              "queue", "priority", "created_at_us", "run_at_us")
+              "queue", "priority", "created_at_us", "run_at_us", "traceparent")
     missing = [name for name in wanted if name not in at]
     if missing:
         raise LookupError(f"the claim's result lacks column(s) {', '.join(missing)}")
     (i_id, i_task, i_version, i_payload, i_attempt, i_max, i_snoozes, i_deadline, i_lease,
-     i_token, i_expires, i_trace, i_queue, i_priority, i_created, i_run_at) = (
+     i_token, i_expires, i_trace, i_queue, i_priority, i_created, i_run_at, i_parent) = (
         at[name] for name in wanted)
     loads = _json_loads
 
@@ -100,6 +102,7 @@ def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
             lease_expires_at=from_epoch_us(row[i_expires]), trace_id=row[i_trace],
             queue=row[i_queue], priority=row[i_priority],
             created_at=from_epoch_us(row[i_created]), run_at=from_epoch_us(row[i_run_at]),
+            traceparent=row[i_parent],
         )
 
     return read

@@ -78,6 +78,9 @@ DEFAULT_REDACT_KEYS = (
     "sessionid",
 )
 DEFAULT_HANDLER_MODULES = ("jobs",)
+# OpenTelemetry spans (django_pgjobs.tracing): None when opentelemetry-api is installed, True to
+# insist (a system check fails without the package), False never.
+DEFAULT_TRACING: bool | None = None
 
 
 class Settings:

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
-from . import sql
+from . import sql, tracing
 from .conf import settings
 from .exceptions import InvalidJobOption, UnknownQueue, UnknownTask
 from .models import PRIORITY_MAX, PRIORITY_MIN, Job
@@ -77,14 +77,28 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
     rows = [_validate(spec, defaults) for spec in specs]
     if not rows:
         return []
+    found = tracing.tracer()
+    if found is None:
+        return _insert(rows, [None] * len(rows), alias, defaults.notify)
+    with tracing.sending(found, [row.job for row in rows]) as sending:
+        jobs = _insert(rows, sending.traceparents, alias, defaults.notify)
+        sending.sent(jobs)
+    return jobs
+
+
+def _insert(
+    rows: Sequence[_Row], traceparents: Sequence[str | None], alias: str, notify: bool
+) -> list[Job]:
+    for row, traceparent in zip(rows, traceparents, strict=True):
+        row.job.traceparent = traceparent
     with connections[alias].cursor() as cursor:
         if len(rows) == 1:
-            cursor.execute(_enqueue_sql("enqueue_rows_one"), [*rows[0].values, defaults.notify])
+            cursor.execute(_enqueue_sql("enqueue_rows_one"),
+                           [*rows[0].values, traceparents[0], notify])
         else:
             columns = zip(*(row.values for row in rows), strict=True)
-            cursor.execute(
-                _enqueue_sql("enqueue_rows_many"), [*map(list, columns), defaults.notify]
-            )
+            cursor.execute(_enqueue_sql("enqueue_rows_many"),
+                           [*map(list, columns), list(traceparents), notify])
         returned = cursor.fetchall()
     return _pair_with_rows(rows, returned, alias)
 

@@ -16,11 +16,13 @@ from .outcomes import Outcome
 from .registry import redactor_for, registry, upgrade_payload
 from .retry import classify, decide
 from .status import FailureClass, TerminalReason
+from .tracing import traced_attempt
 
 ERROR_MAX_CHARS = 4000
 TRACEBACK_MAX_CHARS = 32000
 
 
+@traced_attempt  # an OpenTelemetry span around the attempt, when tracing is on
 def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
     """Run the handler for ``job`` and say what should become of it."""
     started = time.monotonic()

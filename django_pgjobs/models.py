@@ -13,7 +13,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from .status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
-from .validation import QUEUE_NAME_MAX_LENGTH, queue_problem
+from .validation import QUEUE_NAME_MAX_LENGTH, TRACEPARENT_MAX_LENGTH, queue_problem
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
@@ -61,6 +61,11 @@ class Job(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     trace_id = models.CharField(max_length=64, blank=True, default="")
+    # The W3C traceparent of the span that enqueued the job (django_pgjobs.tracing), restored
+    # by the worker to link each attempt's span to it; NULL when there was none.
+    traceparent = models.CharField(  # noqa: DJ001
+        max_length=TRACEPARENT_MAX_LENGTH, null=True, blank=True
+    )
     fairness_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     failure_class = models.CharField(
         max_length=32, blank=True, default="", choices=FailureClass.choices

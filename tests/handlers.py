@@ -152,3 +152,11 @@ def aborts_transaction(ctx: JobContext, payload: Any) -> None:
     """Fail a statement outside any atomic block (in a test's transaction, that aborts it)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 / 0")
+
+
+@job("tests.current_span")
+def current_span(ctx: JobContext, payload: Any) -> str:
+    """Return the id of the span current while the handler runs (OpenTelemetry, if any)."""
+    from opentelemetry import trace  # only the tracing tests enqueue this handler
+
+    return f"{trace.get_current_span().get_span_context().span_id:016x}"

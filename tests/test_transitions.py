@@ -321,7 +321,7 @@ def test_a_claim_is_read_by_column_names_not_positions() -> None:
         cursor.execute(
             "SELECT run_at_us, queue, id, task, payload, payload_version, attempts AS attempt, "
             "max_attempts, snoozes, deadline_us, lease_seconds, lease_token, "
-            "lease_expires_at_us, trace_id, priority, created_at_us FROM ("
+            "lease_expires_at_us, trace_id, priority, created_at_us, traceparent FROM ("
             "SELECT *, (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, "
             "(extract(epoch FROM lease_expires_at) * 1000000)::int8 AS lease_expires_at_us, "
             "(extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us, "
@@ -330,7 +330,7 @@ def test_a_claim_is_read_by_column_names_not_positions() -> None:
         columns = [d.name for d in cursor.description]
         [again] = claimed_jobs(columns, cursor.fetchall())
     fields = ("id", "task", "payload", "attempt", "priority", "trace_id", "queue", "lease_token",
-              "lease_expires_at", "deadline", "created_at", "run_at")
+              "lease_expires_at", "deadline", "created_at", "run_at", "traceparent")
     assert {f: getattr(again, f) for f in fields} == {f: getattr(c, f) for f in fields}
     with pytest.raises(LookupError, match=r"lacks column\(s\) trace_id$"):
         claimed_jobs([name for name in columns if name != "trace_id"], [])

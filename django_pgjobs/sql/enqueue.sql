@@ -7,19 +7,19 @@
 WITH inserted AS (
     INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
                             run_at, attempts, max_attempts, snoozes, deadline, lease_seconds,
-                            idempotency_key, trace_id, fairness_key, failure_class,
+                            idempotency_key, trace_id, fairness_key, traceparent, failure_class,
                             terminal_reason, last_error, created_at, updated_at)
     SELECT t.task, t.payload_version, t.queue, t.payload::jsonb,
            CASE WHEN t.due > now() THEN 'scheduled' ELSE 'ready' END,
            t.priority, t.priority, t.due, 0, t.max_attempts, 0,
            now() + make_interval(secs => t.max_age_seconds), t.lease_seconds,
-           t.idempotency_key, t.trace_id, t.fairness_key, '', '', '', now(), now()
+           t.idempotency_key, t.trace_id, t.fairness_key, t.traceparent, '', '', '', now(), now()
     FROM (
         SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay_seconds)) AS due
         FROM {rows}
             AS u(task, payload_version, queue, payload, priority, run_at, delay_seconds,
                  max_attempts, max_age_seconds, lease_seconds, idempotency_key, trace_id,
-                 fairness_key)
+                 fairness_key, traceparent)
     ) AS t
     ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, task, idempotency_key, status, run_at, deadline, created_at, queue
@@ -34,9 +34,10 @@ FROM inserted AS i
 -- name: enqueue_rows_many
 -- Many jobs: one array per column.
 unnest(%s::text[], %s::int[], %s::text[], %s::text[], %s::int[], %s::timestamptz[],
-       %s::float8[], %s::int[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::text[])
+       %s::float8[], %s::int[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::text[],
+       %s::text[])
 
 -- name: enqueue_rows_one
 -- One job, the common call: VALUES plans in a fraction of the time unnest takes.
 (VALUES (%s::text, %s::int, %s::text, %s::text, %s::int, %s::timestamptz, %s::float8, %s::int,
-         %s::float8, %s::int, %s::text, %s::text, %s::text))
+         %s::float8, %s::int, %s::text, %s::text, %s::text, %s::text))

@@ -19,7 +19,8 @@ WITH candidates AS (
     WHERE j.id = c.id
     RETURNING j.id, j.task, j.payload_version, j.payload, j.attempts, j.max_attempts,
               j.snoozes, j.deadline, j.lease_seconds, j.lease_token, j.lease_expires_at,
-              j.trace_id, j.queue, j.priority, j.created_at, j.run_at, j.lease_owner
+              j.trace_id, j.queue, j.priority, j.created_at, j.run_at, j.lease_owner,
+              j.traceparent
 ), recorded AS (
     INSERT INTO pgjobs_attempt (job_id, number, worker_id, lease_token, claimed_at, outcome,
                                 reported_outcome, failure_class, error, traceback)
@@ -34,7 +35,7 @@ SELECT id, task, payload_version, payload, attempts AS attempt, max_attempts, sn
        (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, lease_seconds,
        lease_token, (extract(epoch FROM lease_expires_at) * 1000000)::int8 AS lease_expires_at_us,
        trace_id, queue, priority, (extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us,
-       (extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us
+       (extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us, traceparent
 FROM claimed
 ORDER BY priority DESC, run_at, id
 
