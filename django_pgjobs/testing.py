@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 from psycopg import pq
@@ -324,14 +324,16 @@ def drain(
 ) -> Drained:
     """Run due jobs here, one at a time, until none is due; return what each attempt did.
 
-    Jobs that jobs enqueue are run too, as are retries and snoozes that come due while it runs.
     A job is due when it is ready, or scheduled or retrying with ``run_at`` at or before ``now``
-    (default: ``django.utils.timezone.now()``, which time-machine and freezegun move). ``now``
-    decides only which jobs are due: leases, deadlines and the times recorded come from the
-    database clock, as in a worker. ``queues``: only these (default: every queue, in name
-    order). ``max_jobs``: stop after that many attempts; without it, more than
-    ``DRAIN_LIMIT`` is an error. ``raise_errors``: raise ``JobFailed`` for the first attempt
-    that fails, once it is settled.
+    (default: ``django.utils.timezone.now()`` when drain starts, which time-machine and
+    freezegun move). Jobs that jobs enqueue run too, and so do retries and snoozes that are due
+    by ``now``: a retry whose backoff ends after it waits, however short the backoff, so what
+    one drain runs does not depend on how fast it ran. ``now`` decides only which jobs are due:
+    leases, deadlines and the times recorded come from the database clock, as in a worker.
+
+    ``queues``: only these (default: every queue, in name order). ``max_jobs``: stop after
+    that many attempts; without it, more than ``DRAIN_LIMIT`` is an error. ``raise_errors``:
+    raise ``JobFailed`` for the first attempt that fails, once it is settled.
     """
     queue_list = _queue_list(queues)
     if max_jobs is not None:
@@ -343,9 +345,12 @@ def drain(
     if using not in connections:
         raise ValueError(f"using must name a database in DATABASES, got {shown(using)}")
     limit = DRAIN_LIMIT if max_jobs is None else max_jobs
+    # Read once: a clock read again on every pass would make a retry with a short backoff run
+    # in this drain or not, by chance.
+    when = timezone.now() if now is None else now
     runs = Drained()
     while True:
-        _promote(now, queue_list, using)
+        _promote(when, queue_list, using)
         if len(runs) >= limit:
             if max_jobs is None and _ready(queue_list, using):
                 raise AssertionError(
@@ -373,8 +378,7 @@ def _queue_list(queues: str | Iterable[str] | None) -> list[str] | None:
     return sorted(set(listed))
 
 
-def _promote(now: datetime | None, queues: list[str] | None, using: str) -> None:
-    when = timezone.now() if now is None else now
+def _promote(when: datetime, queues: list[str] | None, using: str) -> None:
     promoted = PROMOTE_BATCH
     while promoted == PROMOTE_BATCH:  # a full batch: there may be more
         promoted = len(promote_jobs_due_by(when, PROMOTE_BATCH, queues=queues, using=using))
@@ -397,18 +401,16 @@ def _claim_next(queues: list[str] | None, using: str) -> ClaimedJob | None:
 def _run(job: ClaimedJob, using: str) -> JobRun:
     connection = connections[using]
     ctx = JobContext(job, worker_id=WORKER_ID, using=using)
-    if connection.in_atomic_block:
-        # In the test's transaction a handler's failed statement would abort everything after
-        # it (outside one, as in a worker, it fails alone): run the attempt in a savepoint, and
-        # roll back to it only when the handler left the transaction aborted.
-        savepoint = transaction.savepoint(using=using)
-        outcome = execute(job, ctx)
+    # In the test's transaction a handler's failed statement would abort everything after it
+    # (outside one, as in a worker, it fails alone): run the attempt in a savepoint, and roll
+    # back to it only when the handler left the transaction aborted. None outside a transaction.
+    savepoint = connection.savepoint() if connection.in_atomic_block else None
+    outcome = execute(job, ctx)
+    if savepoint is not None:
         if _aborted(connection):
-            transaction.savepoint_rollback(savepoint, using=using)
+            connection.savepoint_rollback(savepoint)
         else:
-            transaction.savepoint_commit(savepoint, using=using)
-    else:
-        outcome = execute(job, ctx)
+            connection.savepoint_commit(savepoint)
     applied = settle([outcome], using=using)[outcome.lease_token]
     return JobRun(
         job_id=job.id, task=job.task, attempt=job.attempt,

@@ -12,7 +12,7 @@ from django.test import TestCase, TransactionTestCase
 from django.utils import timezone
 
 import django_pgjobs
-from django_pgjobs import testing
+from django_pgjobs import retry, testing
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
 from django_pgjobs.testing import ANY, JobFailed, assert_enqueued, drain, refute_enqueued
@@ -164,6 +164,15 @@ def test_a_failure_waits_for_its_retry_until_now_says_it_is_due() -> None:
         (3, AttemptOutcome.DEAD, JobStatus.DEAD),  # max_attempts bounds the retries
     ]
     assert Job.objects.get(pk=job.pk).terminal_reason == "attempts_exhausted"
+
+
+def test_a_retry_never_comes_due_in_the_drain_that_failed_it(monkeypatch) -> None:
+    monkeypatch.setattr(retry, "backoff_seconds", lambda attempt, **kwargs: 0.0)
+    django_pgjobs.enqueue("tests.transient", {})
+    # Due a moment after it failed, but drain's clock was read when it started.
+    assert [r.outcome for r in drain()] == [AttemptOutcome.FAILED]
+    assert [r.outcome for r in drain()] == [AttemptOutcome.FAILED]
+    assert [r.attempt for r in drain(max_jobs=5)] == [3]
 
 
 def test_drain_runs_scheduled_jobs_once_now_passes_their_run_at() -> None:
