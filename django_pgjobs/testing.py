@@ -79,7 +79,7 @@ def enqueued_jobs(task: Any = None, *, using: str = DEFAULT_DB_ALIAS, **match: A
     """
     name = None if task is None else task_name(task)
     checks = _checks(match)
-    return [job for job in _waiting(name, match, using) if _mismatch(checks, job) is None]
+    return [job for job in _waiting(name, using) if _mismatch(checks, job) is None]
 
 
 def assert_enqueued(task: Any = None, *, using: str = DEFAULT_DB_ALIAS, **match: Any) -> Job:
@@ -96,7 +96,7 @@ def assert_enqueued(task: Any = None, *, using: str = DEFAULT_DB_ALIAS, **match:
     """
     name = None if task is None else task_name(task)
     checks = _checks(match)
-    candidates = _waiting(name, match, using)
+    candidates = _waiting(name, using)
     for job in candidates:
         if _mismatch(checks, job) is None:
             return job
@@ -131,7 +131,7 @@ def task_name(task: Any) -> str:
     )
 
 
-def _waiting(name: str | None, match: Mapping[str, Any], using: str) -> list[Job]:
+def _waiting(name: str | None, using: str) -> list[Job]:
     jobs = Job.objects.using(using).filter(status__in=WAITING_STATUSES)
     if name is not None:
         jobs = jobs.filter(task=name)
