@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -101,6 +102,15 @@ def _schedules(value: Any) -> str | None:
     return None
 
 
+def _tracing(value: Any) -> str | None:
+    if value is not None and not isinstance(value, bool):
+        return ("must be None (trace when opentelemetry-api is installed), True or False, "
+                f"got {shown(value)}")
+    if value is True and importlib.util.find_spec("opentelemetry") is None:
+        return "is True but opentelemetry-api is not installed (pip install 'django-pgjobs[otel]')"
+    return None
+
+
 # Every setting and its rule, in conf.py's order; a test fails when a setting has no rule.
 SETTING_RULES: dict[str, Rule] = {
     "QUEUE": queue_problem,
@@ -142,6 +152,7 @@ SETTING_RULES: dict[str, Rule] = {
     "SCHEDULE_INTERVAL_SECONDS": _seconds(0, 3600),
     "SCHEDULE_BATCH": _whole(1, 10_000),
     "SCHEDULE_GRACE_SECONDS": _seconds(0, DAY_SECONDS),
+    "TRACING": _tracing,
 }
 
 

@@ -44,6 +44,8 @@ class ClaimedJob:
     timeout_seconds: float | None = None
     # A schedule's job: the tick's intended time (None for jobs enqueued otherwise).
     scheduled_at: datetime | None = None
+    # The enqueue span's W3C traceparent (django_pgjobs.tracing links the attempt's span to it).
+    traceparent: str | None = None
     # This process's clock when the lease was last taken or extended.
     claimed_monotonic: float = field(default_factory=time.monotonic)
 
@@ -85,13 +87,13 @@ def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
     wanted = ("id", "task", "payload_version", "payload", "attempt", "max_attempts", "snoozes",
               "deadline_us", "lease_seconds", "lease_token", "lease_expires_at_us", "trace_id",
               "queue", "priority", "created_at_us", "run_at_us", "timeout_seconds",
-              "scheduled_at_us")
+              "scheduled_at_us", "traceparent")
     missing = [name for name in wanted if name not in at]
     if missing:
         raise LookupError(f"the claim's result lacks column(s) {', '.join(missing)}")
     (i_id, i_task, i_version, i_payload, i_attempt, i_max, i_snoozes, i_deadline, i_lease,
      i_token, i_expires, i_trace, i_queue, i_priority, i_created, i_run_at, i_timeout,
-     i_scheduled) = (
+     i_scheduled, i_parent) = (
         at[name] for name in wanted)
     loads = _json_loads
 
@@ -109,6 +111,7 @@ def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
             created_at=from_epoch_us(row[i_created]), run_at=from_epoch_us(row[i_run_at]),
             timeout_seconds=row[i_timeout],
             scheduled_at=None if scheduled is None else from_epoch_us(scheduled),
+            traceparent=row[i_parent],
         )
 
     return read

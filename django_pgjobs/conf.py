@@ -90,6 +90,9 @@ DEFAULT_SCHEDULE_BATCH = 100  # ticks enqueued per statement
 # A tick enqueued within this long of its time is on time; an older one was missed (the
 # schedule's misfire policy decides whether it runs) and its schedule shows as late.
 DEFAULT_SCHEDULE_GRACE_SECONDS = 60.0
+# OpenTelemetry spans (django_pgjobs.tracing): None when opentelemetry-api is installed, True to
+# insist (a system check fails without the package), False never.
+DEFAULT_TRACING: bool | None = None
 
 
 class Settings:

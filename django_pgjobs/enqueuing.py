@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
-from . import sql
+from . import sql, tracing
 from .conf import settings
 from .exceptions import InvalidJobOption, KeyTakenThenFreed, UnknownQueue, UnknownTask
 from .models import Job
@@ -91,6 +91,27 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
         raise InvalidJobOption(f"using must name a database in DATABASES, got {shown(using)}")
     defaults = _Defaults.read()
     rows = [_validate(spec, defaults) for spec in specs]
+    if not rows:
+        return []
+    found = tracing.tracer()
+    if found is None:
+        return _insert_all(rows, [None] * len(rows), alias, defaults.notify)
+    with tracing.sending(found, [row.job for row in rows]) as sending:
+        jobs = _insert_all(rows, sending.traceparents, alias, defaults.notify)
+        sending.sent(jobs)
+    return jobs
+
+
+def validate(spec: JobSpec) -> None:
+    """Check ``spec`` as ``enqueue_many`` would, sending nothing; raise ``EnqueueError``."""
+    _validate(spec, _Defaults.read())
+
+
+def _insert_all(
+    rows: Sequence[_Row], traceparents: Sequence[str | None], alias: str, notify: bool
+) -> list[Job]:
+    for row, traceparent in zip(rows, traceparents, strict=True):
+        row.job.traceparent = traceparent
     jobs: list[Job | None] = [None] * len(rows)
     pending = list(range(len(rows)))
     # A refused row whose key holder finished before it could be read back is sent again: its
@@ -99,7 +120,7 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
         if not pending:
             break
         batch = [rows[i] for i in pending]
-        for i, job in zip(pending, _insert(batch, defaults.notify, alias), strict=True):
+        for i, job in zip(pending, _insert(batch, alias, notify), strict=True):
             jobs[i] = job
         pending = [i for i in pending if jobs[i] is None]
     if pending:
@@ -109,19 +130,16 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
     return [job for job in jobs if job is not None]
 
 
-def validate(spec: JobSpec) -> None:
-    """Check ``spec`` as ``enqueue_many`` would, sending nothing; raise ``EnqueueError``."""
-    _validate(spec, _Defaults.read())
-
-
-def _insert(rows: Sequence[_Row], notify: bool, alias: str) -> list[Job | None]:
+def _insert(rows: Sequence[_Row], alias: str, notify: bool) -> list[Job | None]:
     """One INSERT of ``rows``; each row's job, the one holding its key, or None if that is gone."""
     with connections[alias].cursor() as cursor:
         if len(rows) == 1:
-            cursor.execute(_enqueue_sql("enqueue_rows_one"), [*rows[0].values, notify])
+            cursor.execute(_enqueue_sql("enqueue_rows_one"),
+                           [*rows[0].values, rows[0].job.traceparent, notify])
         else:
             columns = zip(*(row.values for row in rows), strict=True)
-            cursor.execute(_enqueue_sql("enqueue_rows_many"), [*map(list, columns), notify])
+            cursor.execute(_enqueue_sql("enqueue_rows_many"),
+                           [*map(list, columns), [row.job.traceparent for row in rows], notify])
         names = [column.name for column in cursor.description]
         returned = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     return _pair_with_rows(rows, returned, alias)

@@ -6,13 +6,14 @@ caller's event loop. Both share every step but the call, so a job means the same
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import time
 import traceback
 from datetime import timedelta
 from typing import Any
+
+from asgiref.sync import async_to_sync
 
 from .claimed import ClaimedJob
 from .conf import settings
@@ -22,11 +23,13 @@ from .outcomes import Outcome
 from .registry import Handler, redactor_for, registry, upgrade_payload
 from .retry import classify, decide
 from .status import FailureClass, TerminalReason
+from .tracing import traced_async_attempt, traced_attempt
 
 ERROR_MAX_CHARS = 4000
 TRACEBACK_MAX_CHARS = 32000
 
 
+@traced_attempt  # an OpenTelemetry span around the attempt, when tracing is on
 def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
     """Run the handler for ``job`` and say what should become of it."""
     started = time.monotonic()
@@ -37,14 +40,17 @@ def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
     try:
         result = handler(ctx, payload)
         if inspect.isawaitable(result):
-            # An async handler run by a caller that has no event loop for it (a thread
-            # executor, a test helper): run it to its end here.
-            result = asyncio.run(_awaited(result))
+            # An async handler run by a caller that has no event loop for it (a test helper,
+            # a thread executor): run it to its end here. async_to_sync, not asyncio.run, so
+            # the sync code it calls (the async ORM's queries) runs back in this thread, on this
+            # thread's connection and in its transaction (a test's).
+            result = async_to_sync(_awaited)(result)
     except BaseException as exc:  # a handler's failure is data, never the worker's crash
         return _raised(job, handler, started, exc)
     return _returned(job, started, result)
 
 
+@traced_async_attempt
 async def aexecute(job: ClaimedJob, ctx: JobContext) -> Outcome:
     """``execute`` for an async handler, on the caller's event loop; cancelling it cancels the
     handler, and the outcome then says it was cancelled."""

@@ -30,6 +30,7 @@ from .validation import (
     QUEUE_NAME_MAX_LENGTH,
     SCHEDULE_NAME_MAX_LENGTH,
     TIMEZONE_MAX_LENGTH,
+    TRACEPARENT_MAX_LENGTH,
     queue_problem,
 )
 
@@ -172,6 +173,11 @@ class Job(models.Model):
     # The handler's or the job's timeout: its worker settles it as timed out after this long.
     timeout_seconds = models.FloatField(null=True, blank=True)
     trace_id = models.CharField(max_length=64, blank=True, default="")
+    # The W3C traceparent of the span that enqueued the job (django_pgjobs.tracing), restored
+    # by the worker to link each attempt's span to it; NULL when there was none.
+    traceparent = models.CharField(  # noqa: DJ001
+        max_length=TRACEPARENT_MAX_LENGTH, null=True, blank=True
+    )
     fairness_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     failure_class = models.CharField(
         max_length=32, blank=True, default="", choices=FailureClass.choices

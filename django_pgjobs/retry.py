@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
+from typing import TypeVar
 
 import psycopg
 from django.core.exceptions import (
@@ -140,13 +141,62 @@ class Decision:
     counts_attempt: bool = True
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What a handler decided about the exception it raises, recorded as that exception."""
+
+    permanent: bool = False  # no retry can help
+    retry_in: float | None = None  # wait exactly this long instead of the exponential backoff
+
+
+# The attribute a verdict travels in, on the exception instance itself: the exception is stored
+# and shown as what it is (its class, its traceback) while the verdict decides what follows. The
+# django.tasks backend gives them: a return value Django cannot normalise is permanent, and its
+# OPTIONS["backoff"] picks the wait of a task's failures.
+_VERDICT = "_pgjobs_verdict"
+
+E = TypeVar("E", bound=BaseException)
+
+
+def with_verdict(exc: E, verdict: Verdict) -> E:
+    """Attach ``verdict`` to ``exc`` (then raise it) and return it."""
+    setattr(exc, _VERDICT, verdict)
+    return exc
+
+
+def backoff_replaceable(failure_class: FailureClass) -> bool:
+    """Whether a verdict's ``retry_in`` replaces the wait of this class (an exponential one)."""
+    rule = POLICY[failure_class]
+    return rule.retries and rule.delay is Delay.EXPONENTIAL
+
+
 def classify(
     exc: BaseException,
     *,
     retry_on: Iterable[type[BaseException]] = (),
     permanent_on: Iterable[type[BaseException]] = (),
 ) -> tuple[FailureClass, float | None]:
-    """Return the failure class of ``exc`` and the handler's retry hint in seconds, if any."""
+    """Return the failure class of ``exc`` and the retry hint in seconds, if any.
+
+    The hint is a ``RetryAfter``'s seconds, or the ``retry_in`` of a ``Verdict`` attached to
+    the exception (``with_verdict``); a permanent verdict makes the failure permanent.
+    """
+    failure_class, hint = _classify_type(exc, retry_on, permanent_on)
+    verdict = getattr(exc, _VERDICT, None)
+    if not isinstance(verdict, Verdict):
+        return failure_class, hint
+    if verdict.permanent:
+        return FailureClass.PERMANENT, None
+    if verdict.retry_in is not None and backoff_replaceable(failure_class):
+        return failure_class, verdict.retry_in
+    return failure_class, hint
+
+
+def _classify_type(
+    exc: BaseException,
+    retry_on: Iterable[type[BaseException]],
+    permanent_on: Iterable[type[BaseException]],
+) -> tuple[FailureClass, float | None]:
     if isinstance(exc, RetryAfter):
         return FailureClass.RATE_LIMITED, exc.seconds
     if isinstance(exc, Permanent):
@@ -195,6 +245,8 @@ def decide(
         return Decision(JobStatus.DEAD, None, TerminalReason.ATTEMPTS_EXHAUSTED)
     elif rule.delay is Delay.HINT and hint_seconds is not None:
         delay = hint_seconds * random.uniform(1.0, 1.1)
+    elif hint_seconds is not None:
+        delay = hint_seconds  # a verdict's wait (a task backend's backoff), as it was given
     else:
         delay = backoff_seconds(attempts)
     if deadline is not None and now + timedelta(seconds=delay) >= deadline:
@@ -236,6 +288,9 @@ def retry_matrix_markdown() -> str:
         "never sooner than asked.",
         "- **deploy window**: `uniform(0.5, 1.0) * min(60, PGJOBS_UNKNOWN_TASK_RETRY_SECONDS / 10)`"
         " seconds, until the window that starts at enqueue closes.",
+        "- A django.tasks backend's `OPTIONS[\"backoff\"]` replaces the **exponential** wait of a "
+        "task's failures with the seconds it returns (exactly), or ends the job as `permanent` "
+        "when it returns None ([django.tasks](django-tasks.md#retries)).",
         "",
         "Any retry whose wait would end at or after the job's deadline ends the job as dead with "
         "`deadline_passed` instead.",

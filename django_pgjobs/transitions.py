@@ -9,7 +9,8 @@ Read it top to bottom:
 3. ``settle``: RUNNING -> the state an ``Outcome`` names (``outcomes.WAYS_OUT`` is the list),
    only while the reporter still holds the lease; a stale report is recorded as lost.
 4. ``rescue_expired_leases``: RUNNING whose lease expired -> RETRYING or DEAD (the retry policy).
-5. ``promote_due_jobs``: SCHEDULED and RETRYING whose time came -> READY.
+5. ``promote_due_jobs``: SCHEDULED and RETRYING whose time came -> READY (and
+   ``promote_jobs_due_by``, the same as of a given time, for tests).
 6. ``raise_waiting_priorities``: READY stays READY with a higher priority (aging).
 7. Operators: ``retry_jobs``, ``cancel_jobs``, ``dead_letter_jobs``, ``replay_job``.
 
@@ -252,6 +253,23 @@ def promote_due_jobs(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Make scheduled and retrying jobs whose run_at has come ready; return their queues."""
     with connections[using].cursor() as cursor:
         cursor.execute(sql.query("promote_due_jobs"), [limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def promote_jobs_due_by(
+    when: datetime, limit: int, *, queues: Sequence[str] | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[str]:
+    """Make scheduled and retrying jobs due by ``when`` ready (of ``queues``, or every queue).
+
+    ``promote_due_jobs`` as of a time the caller gives rather than the database clock: tests use
+    it to run jobs whose time has not come (``testing.drain(now=...)``). Only the status
+    changes; run_at, the deadline and the lease's clock are untouched. Return their queues.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("promote_jobs_due_by"), {
+            "when": when, "limit": limit, "queues": None if queues is None else list(queues),
+        })
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -593,6 +611,7 @@ __all__ = [
     "extend_leases",
     "pause_queue",
     "promote_due_jobs",
+    "promote_jobs_due_by",
     "raise_waiting_priorities",
     "ready_queues",
     "record_raw_payload_view",

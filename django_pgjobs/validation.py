@@ -39,6 +39,10 @@ PRIORITY_MAX = 100
 # What a job may carry and ask for, whoever enqueues it (enqueue, the Tasks backend, settings).
 KEY_MAX_LENGTH = 255
 TRACE_MAX_LENGTH = 64
+# A W3C traceparent is 55 characters in version 00; later versions may append fields.
+TRACEPARENT_MAX_LENGTH = 128
+TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[0-9a-zA-Z._-]+)*",
+                         re.ASCII)
 FAIRNESS_KEY_MAX_LENGTH = 200
 MAX_ATTEMPTS_LIMIT = 1_000_000
 LEASE_MAX_SECONDS = 7 * 24 * 3600
@@ -225,6 +229,8 @@ __all__ = [
     "TASK_NAME_MAX_LENGTH",
     "TASK_NAME_RULE",
     "TIMEZONE_MAX_LENGTH",
+    "TRACEPARENT",
+    "TRACEPARENT_MAX_LENGTH",
     "TRACE_MAX_LENGTH",
     "bool_problem",
     "choice_problem",

@@ -6,6 +6,7 @@ DATABASE_URL picks the PostgreSQL server; without it an embedded server starts w
 
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -35,9 +36,10 @@ INSTALLED_APPS = [
     "django_pgjobs",
     "testproject.demo",
     "testproject.chaos",
+    "testproject.shop",
 ]
 try:
-    import django.tasks  # noqa: F401  (Django 6+)
+    import django.tasks
 except ImportError:  # Django < 6: django.tasks comes from the django-tasks backport, an app
     INSTALLED_APPS.append("django_tasks")
 
@@ -73,6 +75,14 @@ TEMPLATES = [
         },
     }
 ]
+
+# The sample shop sends receipts by email: to the console outside tests (Django's test runner
+# swaps in its in-memory outbox). Django 6.1 names mailers in MAILERS and refuses EMAIL_BACKEND
+# beside it; older versions read EMAIL_BACKEND.
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -7,6 +7,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
+
 from django_pgjobs import Permanent, RetryAfter, Snooze, Transient, job
 from django_pgjobs.context import JobContext
 
@@ -136,3 +138,38 @@ def when(ctx: JobContext, payload: Any) -> Any:
     """Say which tick this job is for."""
     return {"scheduled_at": None if ctx.scheduled_at is None else ctx.scheduled_at.isoformat(),
             "payload": payload}
+@job("tests.fan_out")
+def fan_out(ctx: JobContext, payload: Any) -> int:
+    """Enqueue ``n`` jobs of tests.ok, the higher-numbered first in priority."""
+    for n in range(payload["n"]):
+        ok.enqueue({"child": n}, priority=n)
+    return int(payload["n"])
+
+
+@job("tests.forever")
+def forever(ctx: JobContext, payload: Any) -> None:
+    """Enqueue the next generation of itself, for ever."""
+    forever.enqueue({"generation": payload["generation"] + 1})
+
+
+@job("tests.aborts_transaction", max_attempts=1)
+def aborts_transaction(ctx: JobContext, payload: Any) -> None:
+    """Fail a statement outside any atomic block (in a test's transaction, that aborts it)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 / 0")
+
+
+@job("tests.current_span")
+def current_span(ctx: JobContext, payload: Any) -> str:
+    """Return the id of the span current while the handler runs (OpenTelemetry, if any)."""
+    from opentelemetry import trace  # only the tracing tests enqueue this handler
+
+    return f"{trace.get_current_span().get_span_context().span_id:016x}"
+
+
+@job("tests.current_span_async")
+async def current_span_async(ctx: JobContext, payload: Any) -> str:
+    """tests.current_span for an async handler, run on the worker's event loop."""
+    from opentelemetry import trace
+
+    return f"{trace.get_current_span().get_span_context().span_id:016x}"

@@ -17,6 +17,11 @@ from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
 from django_pgjobs.worker import Worker
 from tests.conftest import wait_for
 
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 state: dict[str, Any] = {"running": 0, "peak": 0, "cancelled": 0}
@@ -66,6 +71,23 @@ async def async_forever(ctx: Any, payload: Any) -> None:
     except asyncio.CancelledError:
         state["cancelled"] += 1
         raise
+
+
+@task()
+async def gathered(wanted: int) -> int:
+    """A django.tasks task that waits until ``wanted`` of its kind are running together."""
+    with lock:
+        state["running"] += 1
+        state["peak"] = max(state["peak"], state["running"])
+    try:
+        for _ in range(100):  # five seconds at most, then say how many there were
+            if state["peak"] >= wanted:
+                break
+            await asyncio.sleep(0.05)
+        return int(state["peak"])
+    finally:
+        with lock:
+            state["running"] -= 1
 
 
 def drain(**options: Any) -> Worker:
@@ -135,3 +157,12 @@ def test_an_async_job_past_its_timeout_is_settled_and_its_task_cancelled() -> No
     assert stored.failure_class == FailureClass.TIMEOUT
     # The cancelled task's own report came after the takeover: recorded lost, nothing applied.
     wait_for(lambda: Attempt.objects.get(job_id=job.pk).outcome == AttemptOutcome.LOST, 10)
+
+
+def test_async_django_tasks_run_on_the_event_loop_not_one_per_thread() -> None:
+    # One executor thread claiming one job at a time: a task run through async_to_sync would
+    # hold it until it returned, so the ten would run one after another, each seeing only itself.
+    results = [gathered.enqueue(10) for _ in range(10)]
+    drain(concurrency=1, batch_size=1, async_concurrency=10)
+    assert [gathered.get_result(r.id).return_value for r in results] == [10] * 10
+    assert state["peak"] == 10

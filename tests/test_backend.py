@@ -15,9 +15,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 import django_pgjobs
-from django_pgjobs.backend import PgJobsBackend, TaskFailed, option_problems, task_name
+from django_pgjobs.backend import PgJobsBackend, TaskFailed, names, option_problems, task_name
 from django_pgjobs.models import Attempt, Job
-from django_pgjobs.status import AttemptOutcome, JobStatus
+from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
+from django_pgjobs.testing import assert_enqueued, drain
 from django_pgjobs.worker import Worker
 from tests.conftest import wait_for
 from tests.factories import AttemptFactory, JobFactory
@@ -76,18 +77,6 @@ def ordered(label: str) -> str:
 @pytest.fixture(autouse=True)
 def _clear_ran() -> None:
     ran.clear()
-
-
-def drain(timeout: float = 15) -> None:
-    """Run burst workers until no task is waiting, retries included (not far-deferred ones)."""
-
-    def settled() -> bool:
-        Worker(burst=True, install_signals=False, poll_interval=0.05).run()
-        return not Job.objects.exclude(
-            status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]
-        ).filter(run_at__lte=timezone.now() + timedelta(minutes=1)).exists()
-
-    wait_for(settled, timeout, interval=0.1)
 
 
 # --- the backend's declared features ---------------------------------------------------------
@@ -366,17 +355,19 @@ def test_check_reports_the_app_missing() -> None:
                                      "is not in INSTALLED_APPS.")]
 
 
-# --- run by the pgjobs worker ----------------------------------------------------------------
+# --- run the way the pgjobs worker runs them (django_pgjobs.testing.drain) ---------------------
 
 pytestmark_worker = pytest.mark.django_db(transaction=True)
+LATER = timedelta(hours=1)  # drain(now=timezone.now() + LATER) runs every retry that waits
 
 
-@pytestmark_worker
-def test_a_task_runs_under_the_worker_and_its_result_reads_back() -> None:
+@pytest.mark.django_db
+def test_a_task_runs_and_its_result_reads_back() -> None:
     result = add.enqueue(2, 3)
-    drain()
+    assert_enqueued(add, args=[2, 3], kwargs={})
+    [run] = drain()
 
-    assert ran == [("add", (2, 3))]
+    assert ran == [("add", (2, 3))] and run.result == 5
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 5
@@ -388,7 +379,7 @@ def test_a_task_runs_under_the_worker_and_its_result_reads_back() -> None:
     assert result.errors == []
 
 
-@pytestmark_worker
+@pytest.mark.django_db
 def test_async_context_and_keyword_tasks_run() -> None:
     async_result = add_async.enqueue(20, b=22)
     context_result = with_context.enqueue("hello")
@@ -399,16 +390,17 @@ def test_async_context_and_keyword_tasks_run() -> None:
     }
 
 
-@pytestmark_worker
+@pytest.mark.django_db
 def test_a_failing_task_is_retried_then_failed_with_one_error_per_attempt() -> None:
     tasks = {"default": {"BACKEND": "django_pgjobs.backend.PgJobsBackend", "QUEUES": [],
                          "OPTIONS": {"queues": {"flaky": {"max_attempts": 2}}}}}
     with override_settings(TASKS=tasks):
         result = fail.enqueue("bad input")
         assert Job.objects.get(pk=int(result.id)).max_attempts == 2
-        drain()
+        runs = drain(now=timezone.now() + LATER)
         final = fail.get_result(result.id)
 
+    assert [r.outcome for r in runs] == [AttemptOutcome.FAILED, AttemptOutcome.DEAD]
     assert final.status == TaskResultStatus.FAILED
     with pytest.raises(ValueError, match="Task failed"):
         _ = final.return_value
@@ -422,19 +414,35 @@ def test_a_failing_task_is_retried_then_failed_with_one_error_per_attempt() -> N
     assert final.finished_at is not None
 
 
-@pytestmark_worker
-def test_a_return_value_that_is_not_json_fails_at_once() -> None:
+@pytest.mark.django_db
+def test_a_return_value_that_is_not_json_fails_at_once_with_the_exception_django_records() -> None:
+    finished: list[Any] = []
+
+    def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
+        finished.append(task_result)
+
     result = bad_return.enqueue()
-    drain()
+    task_finished.connect(receiver)
+    try:
+        [run] = drain()
+    finally:
+        task_finished.disconnect(receiver)
+    assert (run.outcome, run.status, run.failure_class) == (
+        AttemptOutcome.DEAD, JobStatus.DEAD, FailureClass.PERMANENT)
     final = bad_return.get_result(result.id)
-    assert final.status == TaskResultStatus.FAILED
-    assert final.attempts == 1
-    assert [e.exception_class_path for e in final.errors] == [
-        "django_pgjobs.exceptions.Permanent"
-    ]
+    assert (final.status, final.attempts) == (TaskResultStatus.FAILED, 1)
+    # The exception normalize_json raised, as Django's own backends record it, with its
+    # traceback, in the stored result and in the one task_finished carried.
+    for seen in (final, finished[-1]):
+        [error] = seen.errors
+        assert error.exception_class is TypeError
+        assert error.exception_class_path == "builtins.TypeError"
+        assert "Traceback (most recent call last)" in error.traceback
+        assert "TypeError: Unsupported type" in error.traceback
+    assert Attempt.objects.get(job_id=int(result.id)).error.startswith("TypeError: Unsupported")
 
 
-@pytestmark_worker
+@pytest.mark.django_db
 def test_signals_carry_djangos_meanings_and_a_raising_receiver_changes_nothing() -> None:
     seen: list[tuple[str, str, int, type]] = []
 
@@ -458,12 +466,189 @@ def test_signals_carry_djangos_meanings_and_a_raising_receiver_changes_nothing()
 
     assert add.get_result(ok.id).status == TaskResultStatus.SUCCESSFUL
     assert bad_return.get_result(bad.id).status == TaskResultStatus.FAILED
-    assert sorted(seen, key=str) == sorted([
+    assert seen == [
         ("started", TaskResultStatus.RUNNING, 1, PgJobsBackend),
         ("finished", TaskResultStatus.SUCCESSFUL, 0, PgJobsBackend),
         ("started", TaskResultStatus.RUNNING, 1, PgJobsBackend),
         ("finished", TaskResultStatus.FAILED, 1, PgJobsBackend),
-    ], key=str)
+    ]
+
+
+# --- get_result() gives back the task as enqueued ---------------------------------------------
+
+
+@pytest.mark.django_db
+def test_get_result_equals_the_result_enqueue_returned() -> None:
+    later = timezone.now() + timedelta(hours=1)
+    result = add.using(priority=-20, queue_name="reports", run_after=later).enqueue(1, b=1)
+
+    fetched = default_task_backend.get_result(result.id)
+    # TaskResult.__eq__ compares every field, the task's too (func, priority, backend,
+    # queue_name, run_after, takes_context): they all round-trip.
+    assert fetched == result
+    assert fetched.task == result.task
+    assert (fetched.task.run_after, fetched.task.priority, fetched.task.queue_name,
+            fetched.task.backend) == (later, -20, "reports", "default")
+    assert add.get_result(result.id) == result
+
+
+@pytest.mark.django_db
+def test_a_refreshed_result_equals_get_result_and_a_stale_one_does_not() -> None:
+    result = ordered.using(run_after=timezone.now() + timedelta(minutes=5)).enqueue("x")
+    before = default_task_backend.get_result(result.id)
+    [run] = drain(now=timezone.now() + LATER)
+    assert run.succeeded
+
+    after = default_task_backend.get_result(result.id)
+    assert after == default_task_backend.get_result(result.id)  # reading twice: the same
+    assert before != after  # status, times, worker_ids and return value moved on
+    result.refresh()  # refresh() copies what moved; args, kwargs and the task stay
+    assert result == after
+    assert after.task.run_after == result.task.run_after and after.task.priority == 10
+
+
+@pytest.mark.django_db
+def test_a_worker_that_cannot_import_the_task_does_not_count_as_a_run(monkeypatch) -> None:
+    result = with_context.enqueue("deploy")
+    name = task_name(with_context)
+    # A worker of the previous release: the task's module path does not import.
+    with monkeypatch.context() as old_release:
+        old_release.setattr(names, "import_string", _cannot_import)
+        django_pgjobs.registry.registry.remove(name)
+        [waited] = drain()
+    assert (waited.outcome, waited.status, waited.failure_class) == (
+        AttemptOutcome.FAILED, JobStatus.RETRYING, FailureClass.UNKNOWN_TASK)
+    waiting = with_context.get_result(result.id)
+    assert (waiting.status, waiting.attempts, waiting.worker_ids, waiting.errors) == (
+        TaskResultStatus.READY, 0, [], [])
+    assert (waiting.started_at, waiting.last_attempted_at) == (None, None)
+
+    [run] = drain(now=timezone.now() + LATER)  # the new release's worker has it
+    assert run.result == {"label": "deploy", "attempt": 1, "id": result.id}
+    final = with_context.get_result(result.id)
+    assert (final.status, final.attempts, final.errors) == (TaskResultStatus.SUCCESSFUL, 1, [])
+    assert Attempt.objects.filter(job_id=int(result.id)).count() == 2
+    assert Job.objects.get(pk=int(result.id)).attempts == 1
+
+
+def _cannot_import(path: str) -> Any:
+    raise ImportError(f"No module named {path!r}")
+
+
+# --- retries: max_attempts and backoff, the names of Django's proposal -----------------------
+
+backoffs: list[tuple[BaseException, Any]] = []
+
+
+def backoff_thirty(exception: BaseException, task_result: Any) -> int:
+    backoffs.append((exception, task_result))
+    return 30
+
+
+def backoff_stop(exception: BaseException, task_result: Any) -> None:
+    backoffs.append((exception, task_result))
+    return None
+
+
+def backoff_broken(exception: BaseException, task_result: Any) -> Any:
+    raise RuntimeError("backoff bug")
+
+
+def tasks_with(**options: Any) -> dict[str, Any]:
+    return {"default": {"BACKEND": "django_pgjobs.backend.PgJobsBackend", "QUEUES": [],
+                        "OPTIONS": options}}
+
+
+@pytest.fixture(autouse=True)
+def _clear_backoffs() -> None:
+    backoffs.clear()
+
+
+@pytest.mark.django_db
+def test_a_task_with_no_options_gets_the_default_attempts_and_options_set_them() -> None:
+    assert Job.objects.get(pk=int(fail.enqueue().id)).max_attempts == 20
+    with override_settings(TASKS=tasks_with(max_attempts=1)):
+        result = fail.enqueue("once")
+        assert Job.objects.get(pk=int(result.id)).max_attempts == 1
+        [run] = [r for r in drain() if r.job_id == int(result.id)]
+        final = fail.get_result(result.id)
+    assert (run.outcome, run.status) == (AttemptOutcome.DEAD, JobStatus.DEAD)
+    assert (final.status, final.attempts) == (TaskResultStatus.FAILED, 1)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("backoff", [backoff_thirty, "tests.test_backend.backoff_thirty"])
+def test_the_backoff_option_chooses_the_wait_and_sees_the_failed_result(backoff) -> None:
+    with override_settings(TASKS=tasks_with(max_attempts=3, backoff=backoff)):
+        result = fail.enqueue("slow down")
+        [first] = drain()
+        job = Job.objects.get(pk=int(result.id))
+        assert (first.status, job.failure_class) == (JobStatus.RETRYING, "unknown")
+        assert job.run_at - job.updated_at == timedelta(seconds=30)  # exactly, no jitter
+        assert drain(now=timezone.now() + timedelta(seconds=20)) == []
+        runs = drain(now=timezone.now() + timedelta(minutes=5))
+    assert [r.outcome for r in runs] == [AttemptOutcome.FAILED, AttemptOutcome.DEAD]
+    # Asked after each failure but the last, with the result as the run left it.
+    assert len(backoffs) == 2
+    exception, seen = backoffs[0]
+    assert isinstance(exception, ValueError) and str(exception) == "slow down"
+    assert (seen.id, seen.status, seen.attempts) == (result.id, TaskResultStatus.FAILED, 1)
+    assert [e.exception_class for e in seen.errors] == [ValueError]
+    assert backoffs[1][1].attempts == 2
+
+
+@pytest.mark.django_db
+def test_a_backoff_that_returns_none_stops_the_retries() -> None:
+    with override_settings(TASKS=tasks_with(backoff=backoff_stop)):
+        result = fail.enqueue("give up")
+        [run] = drain()
+        final = fail.get_result(result.id)
+    assert (run.outcome, run.status, run.failure_class) == (
+        AttemptOutcome.DEAD, JobStatus.DEAD, FailureClass.PERMANENT)
+    assert [e.exception_class for e in final.errors] == [ValueError]  # still the real one
+    assert len(backoffs) == 1
+
+
+@pytest.mark.django_db
+def test_the_backoff_is_not_asked_for_failures_that_say_their_own_wait_or_none(caplog) -> None:
+    with override_settings(TASKS=tasks_with(backoff=backoff_thirty)):
+        rate_limited.enqueue()
+        bad_return.enqueue()
+        runs = drain()
+    assert [(r.failure_class, r.status) for r in runs] == [
+        (FailureClass.RATE_LIMITED, JobStatus.RETRYING), (FailureClass.PERMANENT, JobStatus.DEAD)]
+    assert backoffs == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("backoff", "logged"), [
+    (backoff_broken, "OPTIONS['backoff'] of backend 'default' raised for task result"),
+    (lambda exception, task_result: "soon", "returned 'soon' for task result"),
+    (lambda exception, task_result: -1, "must be a finite number from 0 to"),
+])
+def test_a_broken_backoff_leaves_the_default_backoff(caplog, backoff, logged) -> None:
+    with override_settings(TASKS=tasks_with(backoff=backoff)):
+        result = fail.enqueue("x")
+        [run] = drain()
+    assert (run.outcome, run.status, run.failure_class) == (
+        AttemptOutcome.FAILED, JobStatus.RETRYING, FailureClass.UNKNOWN)
+    assert logged in caplog.text
+    assert Job.objects.get(pk=int(result.id)).run_at > timezone.now() - timedelta(minutes=1)
+
+
+def test_check_reports_a_backoff_that_is_not_a_callable() -> None:
+    assert option_problems({"backoff": backoff_thirty}) == []
+    assert option_problems({"backoff": "tests.test_backend.backoff_thirty"}) == []
+    assert option_problems({"backoff": 30}) == [
+        "OPTIONS['backoff'] must be a callable backoff(exception, task_result) or its dotted "
+        "path, got 30."]
+    [problem] = option_problems({"backoff": "tests.test_backend.no_such_backoff"})
+    assert problem.startswith("OPTIONS['backoff'] cannot be imported (")
+
+
+@task()
+def rate_limited() -> None:
+    raise django_pgjobs.RetryAfter(120)
 
 
 @pytestmark_worker

@@ -1,4 +1,5 @@
-"""The demo a newcomer runs first (``make demo``), and the admin it points to (``make admin``)."""
+"""The demo a newcomer runs first (``make demo``), the admin it points to (``make admin``), and
+the demo's handlers, tested with django_pgjobs.testing."""
 
 from __future__ import annotations
 
@@ -7,19 +8,26 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 
+import django_pgjobs
 from django_pgjobs.models import Job
 from django_pgjobs.status import TERMINAL_STATUSES
+from django_pgjobs.testing import ANY
+from testproject.demo.management.commands.run_demo import Command as RunDemo
+from testproject.demo.models import LedgerEntry, Order
+from testproject.demo.tasks import add
 from tests.conftest import MANAGE, ROOT, worker_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 def test_the_demo_drains_its_workload_and_leaves_two_admin_users(monkeypatch) -> None:
     # The demo's worker processes connect to the test database, as the suite's do.
     for name, value in worker_env().items():
@@ -56,6 +64,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 def test_the_admin_server_of_make_admin_serves_the_admin_and_its_styles() -> None:
     port = free_port()
     # The command `make admin` runs, on a free port.
@@ -82,3 +92,55 @@ def test_the_admin_server_of_make_admin_serves_the_admin_and_its_styles() -> Non
     finally:
         server.terminate()
         server.wait(30)
+
+
+# --- the demo's handlers, tested with django_pgjobs.testing (as an application would) ----------
+
+
+def test_the_demo_workload_is_what_its_summary_counts(pgjobs) -> None:
+    total = RunDemo()._enqueue(200)
+    charges = pgjobs.enqueued_jobs("demo.charge")
+    # One charge per order: the replayed enqueues found their idempotency keys taken.
+    assert len(charges) == Order.objects.count() == 10
+    pgjobs.assert_enqueued("demo.charge", payload={"card": {"number": "4242424242424242"}},
+                           idempotency_key=ANY)
+    assert len(pgjobs.enqueued_jobs("demo.long")) == 4
+    assert len(pgjobs.enqueued_jobs()) == total
+
+
+def test_a_flaky_job_succeeds_on_the_attempt_after_its_failures(pgjobs) -> None:
+    job = django_pgjobs.enqueue("demo.flaky", {"failures": 2})
+    # Each retry's backoff has passed by then: the three attempts run in one drain.
+    runs = pgjobs.drain(now=timezone.now() + timedelta(minutes=5))
+    assert [(r.attempt, r.outcome) for r in runs] == [
+        (1, "failed"), (2, "failed"), (3, "succeeded")]
+    assert runs[-1].result == "ok" and runs[0].failure_class == "transient"
+    assert Job.objects.get(pk=job.pk).attempts == 3
+
+
+def test_a_charge_enqueued_twice_charges_once(pgjobs) -> None:
+    order = Order.objects.create(reference="ORD-1", amount_cents=500)
+    django_pgjobs.enqueue("demo.charge", {"order_id": order.pk})
+    django_pgjobs.enqueue("demo.charge", {"order_id": order.pk})
+    runs = pgjobs.drain()
+    assert [r.result for r in runs] == [{"charged_cents": 500}] * 2
+    assert LedgerEntry.objects.filter(kind="charge", key=str(order.pk)).count() == 1
+
+
+@pytest.mark.parametrize(("task", "error"), [
+    ("demo.invalid", "has no line items"),
+    ("demo.permission", "the API key was revoked"),
+    ("demo.bad_return", "handler returned a value that is not JSON"),
+])
+def test_permanent_failures_are_dead_after_one_attempt(pgjobs, task, error) -> None:
+    django_pgjobs.enqueue(task, {"order": 1})
+    [run] = pgjobs.drain()
+    assert (run.outcome, run.status, run.failure_class) == ("dead", "dead", "permanent")
+    assert error in run.error
+
+
+def test_the_demo_task_runs_through_the_backend(pgjobs) -> None:
+    result = add.enqueue(40, 2)
+    pgjobs.assert_enqueued(add, args=[40, 2])
+    [run] = pgjobs.drain()
+    assert run.result == 42 == add.get_result(result.id).return_value

@@ -6,22 +6,26 @@ import pytest
 from django.utils import timezone
 
 import django_pgjobs
-from django_pgjobs.context import JobContext
-from django_pgjobs.executor import ERROR_MAX_CHARS, execute
+from django_pgjobs.executor import ERROR_MAX_CHARS
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
-from django_pgjobs.transitions import claim_jobs, settle
+from django_pgjobs.testing import drain
 
 pytestmark = pytest.mark.django_db
 
 
 def run_one(task: str, payload, **options) -> tuple[Job, Attempt]:
-    """Enqueue, claim, execute and settle one job the way a worker does."""
-    django_pgjobs.enqueue(task, payload, **options)
-    [claimed] = claim_jobs("test-worker", options.get("queue", "default"), 1)
-    outcome = execute(claimed, JobContext(claimed, worker_id="test-worker", using="default"))
-    assert settle([outcome]) == {claimed.lease_token: True}
-    return Job.objects.get(pk=claimed.id), Attempt.objects.get(lease_token=claimed.lease_token)
+    """Enqueue one job, then claim, execute and settle it the way a worker does."""
+    enqueued = django_pgjobs.enqueue(task, payload, **options)
+    [run] = drain(max_jobs=1)
+    assert run.job_id == enqueued.pk and run.outcome != AttemptOutcome.LOST
+    return Job.objects.get(pk=run.job_id), Attempt.objects.get(job_id=run.job_id)
+
+
+def run_claimed() -> Job:
+    """Claim, execute and settle the one ready job whose row a test changed after enqueue."""
+    [run] = drain(max_jobs=1)
+    return Job.objects.get(pk=run.job_id)
 
 
 def test_success_stores_the_result() -> None:
@@ -110,9 +114,7 @@ def test_an_unknown_task_at_run_time_waits_within_the_deploy_window(settings) ->
 
     django_pgjobs.enqueue(ok, {})
     Job.objects.update(task="renamed.in.a.newer.release")
-    [claimed] = claim_jobs("w", "default", 1)
-    settle([execute(claimed, JobContext(claimed, worker_id="w", using="default"))])
-    job = Job.objects.get(pk=claimed.id)
+    job = run_claimed()
     assert (job.status, job.failure_class, job.attempts) == (
         JobStatus.RETRYING, FailureClass.UNKNOWN_TASK, 0)
 
@@ -121,9 +123,7 @@ def test_an_unknown_task_after_the_window_is_dead(settings) -> None:
     settings.PGJOBS_UNKNOWN_TASK_RETRY_SECONDS = 60
     django_pgjobs.enqueue("tests.ok", {})
     Job.objects.update(task="gone", created_at=timezone.now() - timedelta(hours=1))
-    [claimed] = claim_jobs("w", "default", 1)
-    settle([execute(claimed, JobContext(claimed, worker_id="w", using="default"))])
-    job = Job.objects.get(pk=claimed.id)
+    job = run_claimed()
     assert (job.status, job.terminal_reason) == (JobStatus.DEAD, TerminalReason.UNKNOWN_TASK)
 
 
@@ -133,9 +133,7 @@ def test_a_job_past_its_deadline_is_not_run() -> None:
     events.clear()
     django_pgjobs.enqueue("tests.ok", {"late": True})
     Job.objects.update(deadline=timezone.now() - timedelta(hours=1))
-    [claimed] = claim_jobs("w", "default", 1)
-    settle([execute(claimed, JobContext(claimed, worker_id="w", using="default"))])
-    job = Job.objects.get(pk=claimed.id)
+    job = run_claimed()
     assert (job.status, job.terminal_reason) == (JobStatus.DEAD, TerminalReason.DEADLINE_PASSED)
     assert events == []
 

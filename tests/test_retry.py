@@ -10,7 +10,15 @@ from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, Validat
 from django.db import OperationalError
 
 from django_pgjobs import Permanent, RetryAfter, Transient
-from django_pgjobs.retry import POLICY, backoff_seconds, classify, decide, retry_matrix_markdown
+from django_pgjobs.retry import (
+    POLICY,
+    Verdict,
+    backoff_seconds,
+    classify,
+    decide,
+    retry_matrix_markdown,
+    with_verdict,
+)
 from django_pgjobs.status import FailureClass, JobStatus, TerminalReason
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -98,6 +106,29 @@ def test_unknown_task_retries_without_using_attempts_within_the_deploy_window(se
                    deadline=None, now=NOW + timedelta(seconds=600))
     assert (after.status, after.terminal_reason) == (JobStatus.DEAD,
                                                      TerminalReason.UNSUPPORTED_VERSION)
+
+
+def test_a_verdict_on_an_exception_decides_while_the_exception_stays_itself() -> None:
+    type_error = with_verdict(TypeError("Unsupported type"), Verdict(permanent=True))
+    assert isinstance(type_error, TypeError)
+    assert classify(type_error) == (FailureClass.PERMANENT, None)
+    # A wait replaces the exponential backoff of the class the exception has, exactly.
+    assert classify(with_verdict(KeyError("x"), Verdict(retry_in=7.5))) == (
+        FailureClass.UNKNOWN, 7.5)
+    assert classify(with_verdict(Transient("503"), Verdict(retry_in=0))) == (
+        FailureClass.TRANSIENT, 0)
+    decision = decide(FailureClass.UNKNOWN, attempts=1, max_attempts=3, created_at=NOW,
+                      deadline=None, now=NOW, hint_seconds=7.5)
+    assert (decision.status, decision.delay_seconds) == (JobStatus.RETRYING, 7.5)
+    # It does not override what the exception says for itself, nor the attempt budget.
+    assert classify(with_verdict(RetryAfter(30), Verdict(retry_in=1))) == (
+        FailureClass.RATE_LIMITED, 30)
+    assert classify(with_verdict(Permanent("no"), Verdict(retry_in=1))) == (
+        FailureClass.PERMANENT, None)
+    last = decide(FailureClass.UNKNOWN, attempts=3, max_attempts=3, created_at=NOW,
+                  deadline=None, now=NOW, hint_seconds=7.5)
+    assert (last.status, last.terminal_reason) == (JobStatus.DEAD,
+                                                   TerminalReason.ATTEMPTS_EXHAUSTED)
 
 
 def test_every_failure_class_has_a_rule() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import replace
 from datetime import timedelta
@@ -102,6 +103,22 @@ def test_settle_applies_under_the_lease_in_one_statement() -> None:
         attempt = Attempt.objects.get(lease_token=c.lease_token)
         assert attempt.outcome == attempt.reported_outcome == AttemptOutcome.SUCCEEDED
         assert attempt.duration_ms == 5 and attempt.finished_at is not None
+
+
+def test_inside_a_long_transaction_settle_and_heartbeat_use_the_statements_clock() -> None:
+    # This test runs in one transaction, as a TestCase does: now() stays at its start.
+    JobFactory.create_batch(2)
+    time.sleep(0.01)
+    first, second = claim_jobs("w1", "default", 2)
+    time.sleep(0.01)
+    extended = extend_leases([(second.id, second.lease_token)])
+    assert list(extended) == [second.id]
+    assert Job.objects.get(pk=second.id).lease_expires_at > second.lease_expires_at
+    assert settle([succeeded(first, first.lease_token)]) == {first.lease_token: True}
+    job = Job.objects.get(pk=first.id)
+    attempt = Attempt.objects.get(lease_token=first.lease_token)
+    assert job.finished_at is not None and attempt.finished_at is not None
+    assert job.finished_at > job.started_at and attempt.finished_at > attempt.claimed_at
 
 
 def test_a_stale_worker_cannot_settle_or_heartbeat_a_job_another_attempt_owns() -> None:
@@ -310,7 +327,7 @@ def test_a_claim_is_read_by_column_names_not_positions() -> None:
             "SELECT run_at_us, queue, id, task, payload, payload_version, attempts AS attempt, "
             "max_attempts, snoozes, deadline_us, lease_seconds, lease_token, "
             "lease_expires_at_us, trace_id, priority, created_at_us, timeout_seconds, "
-            "scheduled_at_us FROM ("
+            "scheduled_at_us, traceparent FROM ("
             "SELECT *, (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, "
             "(extract(epoch FROM lease_expires_at) * 1000000)::int8 AS lease_expires_at_us, "
             "(extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us, "
@@ -320,7 +337,8 @@ def test_a_claim_is_read_by_column_names_not_positions() -> None:
         columns = [d.name for d in cursor.description]
         [again] = claimed_jobs(columns, cursor.fetchall())
     fields = ("id", "task", "payload", "attempt", "priority", "trace_id", "queue", "lease_token",
-              "lease_expires_at", "deadline", "created_at", "run_at", "scheduled_at")
+              "lease_expires_at", "deadline", "created_at", "run_at", "scheduled_at",
+              "traceparent")
     assert {f: getattr(again, f) for f in fields} == {f: getattr(c, f) for f in fields}
     with pytest.raises(LookupError, match=r"lacks column\(s\) trace_id$"):
         claimed_jobs([name for name in columns if name != "trace_id"], [])

@@ -80,9 +80,14 @@ class PgJobsBackend(BaseTaskBackend):
                 f"Task {task.module_path!r} cannot be imported by its module path, so no "
                 "worker could run it."
             )
+        payload: dict[str, Any] = {"args": args, "kwargs": kwargs, "backend": self.alias}
+        if task.run_after is not None:
+            # The job's run_at moves with retries and snoozes; get_result() gives the task back
+            # as it was enqueued, run_after included.
+            payload["run_after"] = task.run_after.isoformat()
         try:
             job = enqueue(
-                handler, {"args": args, "kwargs": kwargs, "backend": self.alias},
+                handler, payload,
                 queue=task.queue_name, priority=task.priority, run_at=task.run_after,
                 using=self.using, **self.job_options(task.queue_name),
             )

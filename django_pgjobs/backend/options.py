@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
+from django.utils.module_loading import import_string
 
 from ..conf import settings
 from ..exceptions import InvalidJobOption
@@ -16,6 +17,7 @@ from ..validation import (
     MAX_ATTEMPTS_LIMIT,
     number_problem,
     queue_problem,
+    shown,
     whole_number_problem,
 )
 from .compat import InvalidTask
@@ -23,7 +25,9 @@ from .compat import InvalidTask
 # OPTIONS keys that set the job options of every task the backend enqueues; OPTIONS["queues"]
 # maps a queue name to the same keys for that queue only.
 JOB_OPTIONS = ("max_attempts", "lease_seconds", "max_age_seconds")
-BACKEND_OPTIONS = (*JOB_OPTIONS, "database", "heartbeat", "queues")
+# ``max_attempts`` and ``backoff`` are the names of Django's open proposal for task retries
+# (django/new-features#142): backoff(exception, task_result) returns seconds, or None to stop.
+BACKEND_OPTIONS = (*JOB_OPTIONS, "backoff", "database", "heartbeat", "queues")
 JOB_OPTION_RULES: dict[str, Callable[[Any], str | None]] = {
     "max_attempts": lambda v: whole_number_problem(v, 1, MAX_ATTEMPTS_LIMIT),
     "lease_seconds": lambda v: number_problem(v, 1, LEASE_MAX_SECONDS),
@@ -56,6 +60,32 @@ def job_options(options: dict[str, Any], queue: str) -> dict[str, Any]:
     return result
 
 
+Backoff = Callable[[BaseException, Any], "float | int | None"]
+
+
+def backoff_of(options: dict[str, Any]) -> Backoff | None:
+    """OPTIONS["backoff"]: the callable, imported when given by its dotted path (or None)."""
+    value = options.get("backoff")
+    if isinstance(value, str):
+        try:
+            value = import_string(value)
+        except ImportError:
+            return None  # the system check says so (pgjobs.E103)
+    return value if callable(value) else None
+
+
+def _backoff_problem(value: Any) -> str | None:
+    if isinstance(value, str):
+        try:
+            value = import_string(value)
+        except ImportError as exc:
+            return f"cannot be imported ({exc})"
+    if not callable(value):
+        return (f"must be a callable backoff(exception, task_result) or its dotted path, got "
+                f"{shown(value)}")
+    return None
+
+
 def option_problems(options: dict[str, Any]) -> list[str]:
     """What is wrong with a PgJobsBackend OPTIONS dict, one sentence each."""
     problems = [f"OPTIONS has an unknown key {key!r} (known: {', '.join(BACKEND_OPTIONS)})."
@@ -64,6 +94,10 @@ def option_problems(options: dict[str, Any]) -> list[str]:
         problems.append("OPTIONS['heartbeat'] must be True or False.")
     if not isinstance(options.get("database", DEFAULT_DB_ALIAS), str):
         problems.append("OPTIONS['database'] must be a database alias.")
+    if options.get("backoff") is not None:
+        problem = _backoff_problem(options["backoff"])
+        if problem is not None:
+            problems.append(f"OPTIONS['backoff'] {problem}.")
     queues = options.get("queues", {})
     if not isinstance(queues, dict):
         return [*problems, "OPTIONS['queues'] must map queue names to options."]

@@ -12,7 +12,7 @@ from django.db import connections
 
 from .. import sql
 from ..registry import DJANGO_TASK_PREFIX
-from ..status import AttemptOutcome, JobStatus
+from ..status import AttemptOutcome, FailureClass, JobStatus
 from .compat import (
     InvalidTask,
     Task,
@@ -91,9 +91,9 @@ def _to_result(job: _JobRow, attempts: list[_AttemptRow], default_backend: str) 
     payload = _json(job.payload)
     payload = payload if isinstance(payload, dict) else {}
     backend = str(payload.get("backend") or default_backend)
-    task = _as_enqueued(task, priority=job.base_priority, queue_name=job.queue, backend=backend)
-    # An attempt handed back unstarted (worker stopping) never ran the task.
-    ran = [a for a in attempts if a.outcome != AttemptOutcome.RELEASED]
+    task = _as_enqueued(task, priority=job.base_priority, queue_name=job.queue, backend=backend,
+                        run_after=_run_after(payload.get("run_after")))
+    ran = [a for a in attempts if _ran(a)]
     status = _STATUS[JobStatus(job.status)]
     result: TaskResult[..., Any] = TaskResult(
         task=task, id=str(job.id), status=status, enqueued_at=job.created_at,
@@ -107,6 +107,31 @@ def _to_result(job: _JobRow, attempts: list[_AttemptRow], default_backend: str) 
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", _json(job.result))
     return result
+
+
+def _ran(attempt: _AttemptRow) -> bool:
+    """Whether the attempt ran the task, as Django counts runs (``attempts``, ``worker_ids``).
+
+    Not an attempt handed back unstarted (a worker stopping), nor one by a worker that could
+    not import the task or read its payload's version (a rolling deploy): neither ran it, and
+    the job's own attempt counter gives both back.
+    """
+    return (attempt.outcome != AttemptOutcome.RELEASED
+            and attempt.failure_class not in _DEPLOY_WINDOW_CLASSES)
+
+
+_DEPLOY_WINDOW_CLASSES = {FailureClass.UNKNOWN_TASK, FailureClass.UNSUPPORTED_VERSION}
+
+
+def _run_after(value: Any) -> datetime | None:
+    # Written by the backend's enqueue as an ISO 8601 text with its offset.
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
 
 
 def _json(text: str | None) -> Any:

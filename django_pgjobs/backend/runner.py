@@ -10,14 +10,17 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.dispatch import Signal
 from django.utils import timezone
 from django.utils.connection import ConnectionDoesNotExist
 
 from ..conf import settings
-from ..exceptions import EnqueueError, Permanent
+from ..exceptions import EnqueueError
 from ..redaction import Redactor
 from ..registry import Handler, redactor_for
+from ..retry import Verdict, backoff_replaceable, classify, with_verdict
+from ..validation import DURATION_MAX_SECONDS, number_problem, shown
 from .compat import (
     BaseTaskBackend,
     Task,
@@ -32,7 +35,7 @@ from .compat import (
     task_started,
 )
 from .names import find_task, task_name
-from .options import pgjobs_options
+from .options import backoff_of, pgjobs_options
 from .results import load_result
 
 if TYPE_CHECKING:
@@ -114,49 +117,133 @@ def _backend(alias: str) -> BaseTaskBackend | None:
 
 
 def _runner(task: Task) -> Any:
-    def run(ctx: JobContext, payload: Any) -> Any:
-        alias = str(payload.get("backend") or task.backend)
-        backend = _backend(alias)
-        # The alias the job was enqueued through may be gone from TASKS since.
-        sender = type(backend) if backend is not None else BaseTaskBackend
-        running = load_result(str(ctx.job_id), default_backend=alias, using=ctx.using)
-        send_robust(task_started, sender, running)
-        try:
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=running), *running.args,
-                                  **running.kwargs)
-            else:
-                value = task.call(*running.args, **running.kwargs)
-            try:
-                value = normalize_json(value)
-            except (TypeError, ValueError) as exc:
-                # The task already ran; a retry would return the same thing.
-                raise Permanent(f"task returned a value that is not JSON: {exc}") from exc
-        except BaseException as exc:
-            scrub = redactor_for(ctx.job.task)
-            failed = replace(
-                running, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
-                errors=[*running.errors, TaskError(
-                    exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                    traceback=scrub.text("".join(traceback.format_exception(exc)), payload),
-                )],
-            )
-            summary = scrub.text(f"{type(exc).__qualname__}: {exc}", payload)
-            try:
-                raise TaskFailed(summary) from None
-            except TaskFailed:
-                send_robust(task_finished, sender, failed)
-            # The worker classifies the task's own exception (retry or dead), as for any job.
-            raise
-        finished = replace(running, status=TaskResultStatus.SUCCESSFUL,
-                           finished_at=timezone.now())
-        object.__setattr__(finished, "_return_value", value)
-        send_robust(task_finished, sender, finished)
-        return value
+    """The job handler that runs ``task``: a coroutine function when the task's function is one,
+    so the worker runs it on its event loop like any async handler, not one per thread."""
+    if inspect.iscoroutinefunction(task.func):
+        return _async_runner(task)
 
+    def run(ctx: JobContext, payload: Any) -> Any:
+        run_ = _TaskRun(task, ctx, payload)
+        running = run_.started()
+        try:
+            value = _normalized(task.call(*run_.arguments(running), **running.kwargs))
+        except BaseException as exc:
+            run_.failed(running, exc)
+            raise  # the worker classifies the task's own exception (retry or dead)
+        return run_.finished(running, value)
+
+    return _named(run, task)
+
+
+def _async_runner(task: Task) -> Any:
+    async def run(ctx: JobContext, payload: Any) -> Any:
+        run_ = _TaskRun(task, ctx, payload)
+        # Loading the result and sending Django's signals are the ORM's and receivers' sync
+        # code: they run in a thread, the task itself on the loop.
+        running = await sync_to_async(run_.started)()
+        try:
+            value = _normalized(await task.acall(*run_.arguments(running), **running.kwargs))
+        except BaseException as exc:
+            await sync_to_async(run_.failed)(running, exc)
+            raise
+        return await sync_to_async(run_.finished)(running, value)
+
+    return _named(run, task)
+
+
+def _named(run: Any, task: Task) -> Any:
     run.__name__ = run.__qualname__ = task.name
     run.__module__ = task.func.__module__
     return run
+
+
+class _TaskRun:
+    """One run of a task: its result as Django sees it, and the signals around it."""
+
+    def __init__(self, task: Task, ctx: JobContext, payload: Any) -> None:
+        self.task, self.ctx, self.payload = task, ctx, payload
+        self.alias = str(payload.get("backend") or task.backend)
+        self.backend = _backend(self.alias)
+        # The alias the job was enqueued through may be gone from TASKS since.
+        self.sender = type(self.backend) if self.backend is not None else BaseTaskBackend
+
+    def started(self) -> TaskResult:
+        running = load_result(str(self.ctx.job_id), default_backend=self.alias,
+                              using=self.ctx.using)
+        send_robust(task_started, self.sender, running)
+        return running
+
+    def arguments(self, running: TaskResult) -> list[Any]:
+        if self.task.takes_context:
+            return [TaskContext(task_result=running), *running.args]
+        return list(running.args)
+
+    def failed(self, running: TaskResult, exc: BaseException) -> None:
+        scrub = redactor_for(self.ctx.job.task)
+        failed = replace(
+            running, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
+            errors=[*running.errors, TaskError(
+                exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                traceback=scrub.text("".join(traceback.format_exception(exc)), self.payload),
+            )],
+        )
+        summary = scrub.text(f"{type(exc).__qualname__}: {exc}", self.payload)
+        try:
+            raise TaskFailed(summary) from None
+        except TaskFailed:
+            send_robust(task_finished, self.sender, failed)
+        _apply_backoff(exc, failed, self.ctx, self.backend)
+
+    def finished(self, running: TaskResult, value: Any) -> Any:
+        finished = replace(running, status=TaskResultStatus.SUCCESSFUL,
+                           finished_at=timezone.now())
+        object.__setattr__(finished, "_return_value", value)
+        send_robust(task_finished, self.sender, finished)
+        return value
+
+
+def _normalized(value: Any) -> Any:
+    """The return value as Django normalises it; what Django cannot is the task's failure."""
+    try:
+        return normalize_json(value)
+    except (TypeError, ValueError) as exc:
+        # Recorded as the exception normalize_json raised, with its traceback, as Django's own
+        # backends record it. The task already ran; running it again would return the same.
+        with_verdict(exc, Verdict(permanent=True))
+        raise
+
+
+def _apply_backoff(
+    exc: BaseException, failed: TaskResult, ctx: JobContext, backend: BaseTaskBackend | None
+) -> None:
+    """Let OPTIONS["backoff"] choose the wait after a failure the policy would back off from.
+
+    ``backoff(exception, task_result)`` gets the result as this run left it (FAILED, the new
+    error appended) and returns seconds to wait, or None to stop retrying. It is not asked
+    when the attempts are used up, nor for failures that say their own wait (``RetryAfter``)
+    or are permanent.
+    """
+    backoff = backoff_of(pgjobs_options(backend))
+    if backoff is None or ctx.job.attempt >= ctx.job.max_attempts:
+        return
+    if not backoff_replaceable(classify(exc)[0]):
+        return
+    try:
+        seconds = backoff(exc, failed)
+    except Exception:  # a broken backoff must not change how the task failed
+        logger.exception("OPTIONS['backoff'] of backend %r raised for task result %s; the "
+                         "default backoff applies", failed.backend, failed.id)
+        return
+    if seconds is None:
+        with_verdict(exc, Verdict(permanent=True))
+        return
+    problem = number_problem(seconds, 0, DURATION_MAX_SECONDS)
+    if problem is not None:
+        logger.error("OPTIONS['backoff'] of backend %r returned %s for task result %s: it %s; "
+                     "the default backoff applies", failed.backend, shown(seconds), failed.id,
+                     problem)
+        return
+    with_verdict(exc, Verdict(retry_in=float(seconds)))
 
 
 def send_robust(signal: Signal, sender: type, result: TaskResult) -> None:

@@ -10,7 +10,8 @@ WITH inserted AS (
     INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
                             run_at, attempts, max_attempts, snoozes, deadline, lease_seconds,
                             idempotency_key, unique_key, unique_period_start, timeout_seconds,
-                            trace_id, fairness_key, schedule_id, scheduled_at, failure_class,
+                            trace_id, fairness_key, schedule_id, scheduled_at, traceparent,
+                            failure_class,
                             terminal_reason, last_error, created_at, updated_at)
     SELECT t.task, t.payload_version, t.queue, t.payload::jsonb,
            CASE WHEN t.due > now() THEN 'scheduled' ELSE 'ready' END,
@@ -19,14 +20,14 @@ WITH inserted AS (
            t.idempotency_key, t.unique_key,
            to_timestamp(floor(extract(epoch FROM now()) / t.unique_period) * t.unique_period),
            t.timeout_seconds, t.trace_id, t.fairness_key, t.schedule_id, t.scheduled_at,
-           '', '', '', now(), now()
+           t.traceparent, '', '', '', now(), now()
     FROM (
         SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay_seconds)) AS due
         FROM {rows}
             AS u(task, payload_version, queue, payload, priority, run_at, delay_seconds,
                  max_attempts, max_age_seconds, lease_seconds, idempotency_key, unique_key,
                  unique_period, timeout_seconds, trace_id, fairness_key, schedule_id,
-                 scheduled_at)
+                 scheduled_at, traceparent)
     ) AS t
     -- Any unique index: the idempotency key's, the unique key's (while active, per period), the
     -- schedule tick's.
@@ -58,10 +59,10 @@ WHERE task = %(task)s AND unique_key = %(key)s
 -- Many jobs: one array per column.
 unnest(%s::text[], %s::int[], %s::text[], %s::text[], %s::int[], %s::timestamptz[],
        %s::float8[], %s::int[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::float8[],
-       %s::float8[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[])
+       %s::float8[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[], %s::text[])
 
 -- name: enqueue_rows_one
 -- One job, the common call: VALUES plans in a fraction of the time unnest takes.
 (VALUES (%s::text, %s::int, %s::text, %s::text, %s::int, %s::timestamptz, %s::float8, %s::int,
          %s::float8, %s::int, %s::text, %s::text, %s::float8, %s::float8, %s::text, %s::text,
-         %s::bigint, %s::timestamptz))
+         %s::bigint, %s::timestamptz, %s::text))

@@ -20,7 +20,7 @@ WITH candidates AS (
     RETURNING j.id, j.task, j.payload_version, j.payload, j.attempts, j.max_attempts,
               j.snoozes, j.deadline, j.lease_seconds, j.lease_token, j.lease_expires_at,
               j.trace_id, j.queue, j.priority, j.created_at, j.run_at, j.scheduled_at,
-              j.lease_owner, j.timeout_seconds
+              j.lease_owner, j.timeout_seconds, j.traceparent
 ), recorded AS (
     INSERT INTO pgjobs_attempt (job_id, number, worker_id, lease_token, claimed_at, outcome,
                                 reported_outcome, failure_class, error, traceback)
@@ -36,7 +36,7 @@ SELECT id, task, payload_version, payload, attempts AS attempt, max_attempts, sn
        lease_token, (extract(epoch FROM lease_expires_at) * 1000000)::int8 AS lease_expires_at_us,
        trace_id, queue, priority, (extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us,
        (extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us, timeout_seconds,
-       (extract(epoch FROM scheduled_at) * 1000000)::int8 AS scheduled_at_us
+       (extract(epoch FROM scheduled_at) * 1000000)::int8 AS scheduled_at_us, traceparent
 FROM claimed
 ORDER BY priority DESC, run_at, id
 
@@ -44,7 +44,10 @@ ORDER BY priority DESC, run_at, id
 -- One fenced statement for a whole batch of outcomes. A job row changes only while it is still
 -- running under the reported lease token; an outcome whose token no longer matches is written
 -- to its own attempt as 'lost' and nowhere else. A job an operator asked to stop never goes
--- back to waiting: an outcome that would retry, release or snooze it ends it cancelled.
+-- back to waiting: an outcome that would retry, release or snooze it ends it cancelled. Times
+-- are the statement's, like the claim's: sent inside a longer transaction (a test's,
+-- django_pgjobs.testing.drain), now() would be that transaction's start, before the attempt
+-- was even claimed.
 WITH reported AS (
     -- The batch arrives as one JSON array of objects keyed by these columns, which are the
     -- fields of outcomes.Outcome of the same names (transitions.settle builds them).
@@ -60,7 +63,8 @@ WITH reported AS (
                            AND r.status IN ('retrying', 'ready', 'scheduled')
                       THEN 'cancelled' ELSE r.status END,
         run_at = CASE WHEN r.delay_seconds IS NULL OR j.cancel_requested_at IS NOT NULL
-                      THEN j.run_at ELSE now() + make_interval(secs => r.delay_seconds) END,
+                      THEN j.run_at
+                      ELSE statement_timestamp() + make_interval(secs => r.delay_seconds) END,
         -- The claim counted the attempt; an outcome that does not count it gives it back.
         attempts = j.attempts - CASE WHEN r.counted THEN 0 ELSE 1 END,
         snoozes = j.snoozes + CASE WHEN r.adds_snooze THEN 1 ELSE 0 END,
@@ -75,8 +79,9 @@ WITH reported AS (
         last_error = CASE WHEN r.error = '' THEN j.last_error ELSE r.error END,
         result = r.result_json::jsonb,
         finished_at = CASE WHEN r.status IN ('succeeded', 'dead', 'cancelled')
-                                OR j.cancel_requested_at IS NOT NULL THEN now() END,
-        updated_at = now()
+                                OR j.cancel_requested_at IS NOT NULL
+                           THEN statement_timestamp() END,
+        updated_at = statement_timestamp()
     FROM reported AS r
     WHERE j.id = r.job_id AND j.lease_token = r.lease_token AND j.status = 'running'
     RETURNING r.lease_token, j.status
@@ -84,7 +89,7 @@ WITH reported AS (
 -- Matched on the token, not the job: one batch can hold a stale report and the winning report
 -- for the same job (a handler ran past its lease and the retry finished before the flush).
 UPDATE pgjobs_attempt AS a
-SET finished_at = now(),
+SET finished_at = statement_timestamp(),
     outcome = CASE WHEN s.lease_token IS NULL THEN 'lost'
                    -- A pending cancel ended the job: the attempt says so, and reported_outcome
                    -- keeps what the handler said.
@@ -106,10 +111,11 @@ WHERE a.lease_token = r.lease_token
 RETURNING r.lease_token, s.lease_token IS NOT NULL AS applied
 
 -- name: extend_leases
+-- A heartbeat extends from the statement's time: a handler may send it inside its own transaction.
 UPDATE pgjobs_job AS j
-SET lease_expires_at = now() + make_interval(secs => j.lease_seconds),
-    heartbeat_at = now(),
-    updated_at = now()
+SET lease_expires_at = statement_timestamp() + make_interval(secs => j.lease_seconds),
+    heartbeat_at = statement_timestamp(),
+    updated_at = statement_timestamp()
 FROM unnest(%s::bigint[], %s::uuid[]) AS h(id, token)
 WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'running'
 RETURNING j.id, j.lease_expires_at, j.cancel_requested_at IS NOT NULL
@@ -132,6 +138,26 @@ WITH due AS (
 )
 UPDATE pgjobs_job AS j
 SET status = 'ready', updated_at = now()
+FROM due
+WHERE j.id = due.id
+RETURNING j.queue
+
+-- name: promote_jobs_due_by
+-- promote_due_jobs as of a given time instead of the database clock, for the given queues (NULL:
+-- every queue): how django_pgjobs.testing.drain(now=...) runs scheduled and retrying jobs before
+-- the database's time for them has come. Only the status changes; run_at (when the job was
+-- due), the deadline and everything the lease depends on stay as they are.
+WITH due AS (
+    SELECT id
+    FROM pgjobs_job
+    WHERE status IN ('scheduled', 'retrying') AND run_at <= %(when)s::timestamptz
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgjobs_job AS j
+SET status = 'ready', updated_at = statement_timestamp()
 FROM due
 WHERE j.id = due.id
 RETURNING j.queue

@@ -6,12 +6,14 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db.models import Q
 from django.db.models.functions import Now
 
 import django_pgjobs
+from django_pgjobs.conf import settings
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import AttemptOutcome, JobStatus
@@ -152,12 +154,19 @@ def replay_enqueues(
 
 
 def drain(timeout: float) -> bool:
-    """Wait until no job is ready, running, or due; True if that happened in time."""
+    """Wait until no job is ready, running, or due soon; True if that happened in time.
+
+    A retry whose backoff ends a moment after the check would be due by the time the workers
+    are stopped and the invariants read the jobs: it counts as due until it is past the backoff
+    cap and the promote step's poll, far from the jobs that wait an hour on purpose.
+    """
+    soon = timedelta(seconds=float(settings.RETRY_MAX_SECONDS)
+                     + 2 * float(settings.POLL_INTERVAL_SECONDS))
 
     def quiet() -> bool:
         return not Job.objects.filter(
             Q(status__in=[JobStatus.READY, JobStatus.RUNNING])
-            | Q(status__in=[JobStatus.SCHEDULED, JobStatus.RETRYING], run_at__lte=Now())
+            | Q(status__in=[JobStatus.SCHEDULED, JobStatus.RETRYING], run_at__lte=Now() + soon)
         ).exists()
 
     return bool(db.wait_until(quiet, timeout, interval=0.2))

@@ -1,0 +1,310 @@
+"""OpenTelemetry spans: one for each enqueue, one for each attempt, linked through the job.
+
+Optional. With ``opentelemetry-api`` installed (``pip install 'django-pgjobs[otel]'``) and
+``PGJOBS_TRACING`` not False, an enqueue records a PRODUCER span and stores its W3C
+``traceparent`` with the job; a worker records a CONSUMER span for every attempt, linked to that
+enqueue. Without the package, or with ``PGJOBS_TRACING = False``, OpenTelemetry is never
+imported and the callers pay one attribute check: ``tracer()`` answers None.
+
+The names are the messaging semantic conventions' (https://opentelemetry.io/docs/specs/semconv/
+messaging/), written out here: the Python package keeps them in a private module. What the
+conventions do not name is under ``messaging.django_pgjobs.*``, their place for a system's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import wraps
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Protocol, TypeVar
+
+from django.core.signals import setting_changed
+
+from .claimed import ClaimedJob
+from .conf import settings
+from .outcomes import Outcome
+from .status import AttemptOutcome
+from .validation import TRACEPARENT, TRACEPARENT_MAX_LENGTH
+
+logger = logging.getLogger("django_pgjobs.tracing")
+
+TRACER_NAME = "django_pgjobs"
+SYSTEM = "django_pgjobs"  # messaging.system: the conventions list no value for PostgreSQL queues
+# Attributes: the conventions' names, then ours.
+MESSAGING_SYSTEM = "messaging.system"
+OPERATION_NAME = "messaging.operation.name"
+OPERATION_TYPE = "messaging.operation.type"
+DESTINATION = "messaging.destination.name"
+MESSAGE_ID = "messaging.message.id"
+BATCH_COUNT = "messaging.batch.message_count"
+CLIENT_ID = "messaging.client.id"
+ERROR_TYPE = "error.type"
+TASK = "messaging.django_pgjobs.task"
+ATTEMPT = "messaging.django_pgjobs.attempt"
+OUTCOME = "messaging.django_pgjobs.outcome"
+STATUS = "messaging.django_pgjobs.status"
+FAILURE_CLASS = "messaging.django_pgjobs.failure_class"
+DEDUPLICATED = "messaging.django_pgjobs.deduplicated"
+
+_FAILED = frozenset({AttemptOutcome.FAILED, AttemptOutcome.DEAD})
+
+
+class _State:
+    """What ``tracer()`` resolved: computed once, again when PGJOBS_TRACING changes."""
+
+    resolved = False
+    tracer: Any = None  # None: tracing is off
+    trace: Any = None  # the opentelemetry.trace module
+    propagator: Any = None  # W3C trace context only, whatever OTEL_PROPAGATORS says
+    provider: Any = None  # set_tracer_provider()'s, or None: OpenTelemetry's global one
+
+
+_state = _State()
+
+
+def tracer() -> Any | None:
+    """The tracer of django-pgjobs' spans, or None when tracing is off."""
+    if _state.resolved:
+        return _state.tracer
+    return _resolve()
+
+
+def set_tracer_provider(provider: Any | None) -> None:
+    """Record django-pgjobs' spans with ``provider`` (None: OpenTelemetry's global provider).
+
+    For tests and for applications that keep a provider of their own rather than the global
+    one, which OpenTelemetry lets a process set only once.
+    """
+    _state.provider = provider
+    reset()
+
+
+def reset() -> None:
+    """Resolve the tracer again on next use (the settings or the installed packages changed)."""
+    _state.resolved = False
+    _state.tracer = None
+
+
+def _resolve() -> Any | None:
+    found = None
+    wanted = settings.TRACING
+    if wanted is not False:
+        try:
+            # Imported on first use, never at import time: without the extra nothing is.
+            trace = importlib.import_module("opentelemetry.trace")
+            tracecontext = importlib.import_module(
+                "opentelemetry.trace.propagation.tracecontext")
+        except ImportError:
+            if wanted is True:
+                logger.warning("PGJOBS_TRACING is True but opentelemetry-api is not installed "
+                               "(pip install 'django-pgjobs[otel]'): no spans are recorded")
+        else:
+            _state.trace = trace
+            _state.propagator = tracecontext.TraceContextTextMapPropagator()
+            found = trace.get_tracer(TRACER_NAME, _version(), tracer_provider=_state.provider)
+    _state.tracer = found
+    _state.resolved = True
+    return found
+
+
+def _version() -> str:
+    try:
+        return version("django-pgjobs")
+    except PackageNotFoundError:
+        return ""
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "PGJOBS_TRACING":
+        reset()
+
+
+setting_changed.connect(_on_setting_changed)
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+
+class Enqueued(Protocol):
+    """A job as enqueue builds it (``models.Job``), before and after its INSERT."""
+
+    task: str
+    queue: str
+
+    @property
+    def pk(self) -> Any: ...
+
+
+class Sending:
+    """The spans of one enqueue: ``traceparents`` to store, ``sent(jobs)`` once inserted."""
+
+    def __init__(self, spans: list[Any]) -> None:
+        self._spans = spans
+        self.traceparents = [_traceparent(span) for span in spans]
+
+    def sent(self, jobs: Sequence[Any]) -> None:
+        """Name the job of each span; a job that already existed is marked deduplicated."""
+        for span, job in zip(self._spans, jobs, strict=True):
+            span.set_attribute(MESSAGE_ID, str(job.pk))
+            if getattr(job, "created", True) is False:
+                span.set_attribute(DEDUPLICATED, True)
+
+
+@contextmanager
+def sending(found: Any, jobs: Sequence[Enqueued]) -> Iterator[Sending]:
+    """Spans for an enqueue of ``jobs``: ``send {queue}``, and a ``create`` span per job of many.
+
+    One job's creation context is the send span itself; for many, each job gets a child span
+    of its own, so every job's attempts link to a span that names that job.
+    """
+    trace = _state.trace
+    queues = sorted({job.queue for job in jobs})
+    destination = queues[0] if len(queues) == 1 else None
+    attributes: dict[str, Any] = {MESSAGING_SYSTEM: SYSTEM, OPERATION_NAME: "send",
+                                  OPERATION_TYPE: "send"}
+    if destination is not None:
+        attributes[DESTINATION] = destination
+    if len(jobs) == 1:
+        attributes[TASK] = jobs[0].task
+    else:
+        attributes[BATCH_COUNT] = len(jobs)
+    name = "send" if destination is None else f"send {destination}"
+    with found.start_as_current_span(name, kind=trace.SpanKind.PRODUCER,
+                                     attributes=attributes) as span:
+        if len(jobs) == 1:
+            creates: list[Any] = []
+            sending = Sending([span])
+        else:
+            creates = [found.start_span(f"create {job.queue}", kind=trace.SpanKind.PRODUCER,
+                                        attributes={MESSAGING_SYSTEM: SYSTEM,
+                                                    OPERATION_NAME: "create",
+                                                    OPERATION_TYPE: "create",
+                                                    DESTINATION: job.queue, TASK: job.task})
+                       for job in jobs]
+            sending = Sending(creates)
+        try:
+            yield sending
+        finally:
+            for create in creates:
+                create.end()
+
+
+def _traceparent(span: Any) -> str | None:
+    carrier: dict[str, str] = {}
+    _state.propagator.inject(carrier, context=_state.trace.set_span_in_context(span))
+    value = carrier.get("traceparent")
+    # Nothing is stored for a span that is not sampled into any trace (no SDK, no parent).
+    if (value is None or len(value) > TRACEPARENT_MAX_LENGTH
+            or TRACEPARENT.fullmatch(value) is None):
+        return None
+    return value
+
+
+# --- an attempt ------------------------------------------------------------------------------
+
+
+class _Runner(Protocol):
+    @property
+    def worker_id(self) -> str: ...
+
+
+C = TypeVar("C", bound=_Runner)
+
+
+def traced_attempt(
+    execute: Callable[[ClaimedJob, C], Outcome],
+) -> Callable[[ClaimedJob, C], Outcome]:
+    """Run ``execute`` in a ``process {queue}`` span linked to the job's enqueue, when tracing.
+
+    The span is current while the handler runs, so the handler's own spans are its children.
+    """
+
+    @wraps(execute)
+    def traced(job: ClaimedJob, ctx: C) -> Outcome:
+        found = _state.tracer if _state.resolved else _resolve()
+        if found is None:
+            return execute(job, ctx)
+        with _processing(found, job, ctx.worker_id) as span:
+            outcome = execute(job, ctx)
+            _record(span, outcome)
+        return outcome
+
+    return traced
+
+
+def traced_async_attempt(
+    execute: Callable[[ClaimedJob, C], Awaitable[Outcome]],
+) -> Callable[[ClaimedJob, C], Awaitable[Outcome]]:
+    """``traced_attempt`` for an async handler's attempt: the span is current in its task."""
+
+    @wraps(execute)
+    async def traced(job: ClaimedJob, ctx: C) -> Outcome:
+        found = _state.tracer if _state.resolved else _resolve()
+        if found is None:
+            return await execute(job, ctx)
+        with _processing(found, job, ctx.worker_id) as span:
+            outcome = await execute(job, ctx)
+            _record(span, outcome)
+        return outcome
+
+    return traced
+
+
+@contextmanager
+def _processing(found: Any, job: ClaimedJob, worker_id: str) -> Iterator[Any]:
+    trace = _state.trace
+    links = []
+    if job.traceparent:
+        enqueued = trace.get_current_span(
+            _state.propagator.extract({"traceparent": job.traceparent})).get_span_context()
+        if enqueued.is_valid:
+            links.append(trace.Link(enqueued))
+    attributes = {
+        MESSAGING_SYSTEM: SYSTEM, OPERATION_NAME: "process", OPERATION_TYPE: "process",
+        DESTINATION: job.queue, MESSAGE_ID: str(job.id), CLIENT_ID: worker_id, TASK: job.task,
+        ATTEMPT: job.attempt,
+    }
+    with found.start_as_current_span(f"process {job.queue}", kind=trace.SpanKind.CONSUMER,
+                                     attributes=attributes, links=links) as span:
+        yield span
+
+
+def _record(span: Any, outcome: Outcome) -> None:
+    if not span.is_recording():
+        return  # no SDK: build nothing nobody reads
+    span.set_attribute(OUTCOME, outcome.attempt_outcome.value)
+    span.set_attribute(STATUS, outcome.status.value)
+    if outcome.failure_class:
+        span.set_attribute(FAILURE_CLASS, outcome.failure_class)
+    if outcome.attempt_outcome not in _FAILED:
+        return
+    span.set_attribute(ERROR_TYPE, outcome.failure_class or outcome.terminal_reason or "_OTHER")
+    if outcome.error:
+        # The error and traceback as stored: scrubbed of the job's secrets already.
+        event = {"exception.type": _exception_type(outcome.error),
+                 "exception.message": outcome.error}
+        if outcome.traceback:
+            event["exception.stacktrace"] = outcome.traceback
+        span.add_event("exception", event)
+    trace = _state.trace
+    span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.error[:200] or None))
+
+
+def _exception_type(error: str) -> str:
+    # The executor writes "module.Class: message" ("Class: message" for builtins).
+    head = error.split(":", 1)[0].strip()
+    return head if head.replace(".", "").replace("_", "").isalnum() else "_OTHER"
+
+
+__all__ = [
+    "Sending",
+    "reset",
+    "sending",
+    "set_tracer_provider",
+    "traced_async_attempt",
+    "traced_attempt",
+    "tracer",
+]
