@@ -58,6 +58,11 @@ async def add_async(a: int, b: int) -> int:
     return a + b
 
 
+@task()
+async def sleep_async(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
 @task(takes_context=True)
 def with_context(context: Any, label: str) -> dict[str, Any]:
     return {"label": label, "attempt": context.attempt, "id": context.task_result.id}
@@ -806,3 +811,28 @@ def test_a_task_runs_under_the_pgjobs_worker_command(start_worker) -> None:
     assert (final.status, final.return_value, final.attempts) == (
         TaskResultStatus.SUCCESSFUL, 42, 1
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_timeout_option_is_stored_with_each_task_and_enforced_by_the_worker() -> None:
+    options = tasks_with(max_attempts=1, timeout_seconds=0.5,
+                         queues={"slow": {"timeout_seconds": 120}})
+    with override_settings(TASKS=options):
+        result = sleep_async.enqueue(60)
+        slow = sleep_async.using(queue_name="slow").enqueue(0)
+        assert Job.objects.get(pk=int(slow.id)).timeout_seconds == 120  # the queue's own
+        assert Job.objects.get(pk=int(result.id)).timeout_seconds == 0.5
+        Worker(burst=True, install_signals=False, poll_interval=0.05).run()
+        final = sleep_async.get_result(result.id)
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.status, job.failure_class) == (JobStatus.DEAD, FailureClass.TIMEOUT)
+    # Timed out; the cancelled coroutine's own late report, when it made one, is recorded lost.
+    assert Attempt.objects.get(job_id=job.pk).outcome in (AttemptOutcome.TIMED_OUT,
+                                                          AttemptOutcome.LOST)
+    assert final.status == TaskResultStatus.FAILED
+    assert Job.objects.get(pk=int(slow.id)).status == JobStatus.SUCCEEDED
+
+
+def test_a_bad_timeout_option_is_refused_by_the_check() -> None:
+    assert option_problems({"timeout_seconds": 0}) == [
+        "OPTIONS['timeout_seconds'] must be a finite number above 0 and at most 3.1536e+08, got 0."]

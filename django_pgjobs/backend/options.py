@@ -24,7 +24,7 @@ from .compat import InvalidTask
 
 # OPTIONS keys that set the job options of every task the backend enqueues; OPTIONS["queues"]
 # maps a queue name to the same keys for that queue only.
-JOB_OPTIONS = ("max_attempts", "lease_seconds", "max_age_seconds")
+JOB_OPTIONS = ("max_attempts", "lease_seconds", "max_age_seconds", "timeout_seconds")
 # ``max_attempts`` and ``backoff`` are the names of Django's open proposal for task retries
 # (django/new-features#142): backoff(exception, task_result) returns seconds, or None to stop.
 BACKEND_OPTIONS = (*JOB_OPTIONS, "backoff", "database", "heartbeat", "queues")
@@ -32,6 +32,8 @@ JOB_OPTION_RULES: dict[str, Callable[[Any], str | None]] = {
     "max_attempts": lambda v: whole_number_problem(v, 1, MAX_ATTEMPTS_LIMIT),
     "lease_seconds": lambda v: number_problem(v, 1, LEASE_MAX_SECONDS),
     "max_age_seconds": lambda v: number_problem(v, 1, DURATION_MAX_SECONDS),
+    # Django's task API has no timeout yet; when it gains one, it maps onto the same option.
+    "timeout_seconds": lambda v: number_problem(v, 0, DURATION_MAX_SECONDS, low_inclusive=False),
 }
 
 
@@ -57,6 +59,8 @@ def job_options(options: dict[str, Any], queue: str) -> dict[str, Any]:
         result["lease"] = timedelta(seconds=merged["lease_seconds"])
     if "max_age_seconds" in merged:
         result["max_age"] = timedelta(seconds=merged["max_age_seconds"])
+    if "timeout_seconds" in merged:
+        result["timeout"] = timedelta(seconds=merged["timeout_seconds"])
     return result
 
 
