@@ -12,7 +12,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 
-.PHONY: venv system-deps test demo admin lint chaos bench soak profile compare clean
+.PHONY: venv system-deps test demo admin lint chaos bench soak profile compare bench-async \
+	bench-lifecycle clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,8 @@ chaos: $(STAMP)
 #   make soak SOAK_ARGS="--minutes 10" sustained load, table size and claim latency over time
 #   make profile                       round trips per claim/settle and where worker CPU goes
 #   make compare REV=HEAD~3            drain with this checkout and REV, interleaved, one run
+#   make bench-async                   one worker: async handlers next to executor threads on I/O
+#   make bench-lifecycle               how fast a cancel reaches each kind of handler, and a pause
 BENCH_VENV ?= .venv-bench
 BENCH_PY := $(BENCH_VENV)/bin/python
 BENCH_STAMP := $(BENCH_VENV)/.installed
@@ -87,6 +90,12 @@ REV ?= HEAD
 COMPARE_ARGS ?=
 compare: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.compare $(REV) $(COMPARE_ARGS)
+
+bench-async: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.async_io
+
+bench-lifecycle: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.lifecycle
 
 clean:
 	rm -rf .venv .venv-* .pgdata

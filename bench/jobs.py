@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 from typing import Any
 
 from django_pgjobs import job
@@ -33,3 +34,37 @@ async def await_io(ctx: JobContext, payload: dict[str, Any]) -> None:
 def block_io(ctx: JobContext, payload: dict[str, Any]) -> None:
     """Wait on simulated I/O the way blocking code does: the thread is held for the wait."""
     time.sleep(payload["seconds"])
+
+
+# --- lifecycle controls: handlers that run until a cancel reaches them ----------------------
+
+LONG = timedelta(minutes=5)
+
+
+@job("bench.cancel.poll", lease=LONG, max_attempts=3)
+def cancel_poll(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """A thread handler that checks ``ctx.cancelled`` between steps of work."""
+    while not ctx.cancelled:
+        time.sleep(0.01)
+
+
+@job("bench.cancel.heartbeat", lease=timedelta(seconds=30), heartbeat=True, max_attempts=3)
+def cancel_heartbeat(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """A thread handler that only heartbeats: the cancel reaches it as ``Cancelled``."""
+    while True:
+        ctx.heartbeat()
+        time.sleep(0.01)
+
+
+@job("bench.cancel.process", lease=LONG, max_attempts=3, isolation="process")
+def cancel_process(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """A blocking handler in a child process, which checks nothing: the worker kills it."""
+    while True:
+        time.sleep(0.01)
+
+
+@job("bench.cancel.async", lease=LONG, max_attempts=3)
+async def cancel_async(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """An async handler awaiting for ever: the cancel cancels its task."""
+    while True:
+        await asyncio.sleep(0.01)
