@@ -39,7 +39,7 @@ def test_ci_runs_the_readme_test_command_as_written_and_against_the_machine_serv
             if re.search(r"\bmake test\b", line) and not line.lstrip().startswith(("#", "leg "))]
     # One leg exactly as a newcomer runs it (no DATABASE_URL: the embedded server), one against
     # the machine's server.
-    assert legs[0] == "env -u DATABASE_URL make test"
+    assert legs[0].split(">")[0].rstrip() == "env -u DATABASE_URL make test"
     assert legs[1].startswith("DATABASE_URL=$MACHINE_DATABASE_URL make test ")
     assert len(legs) == 2
 
@@ -50,7 +50,11 @@ def test_the_claim_path_doc_shows_the_claim_statement_as_it_is_sent() -> None:
 
     text = read("docs/claim-path.md")
     block = text.split("```sql\n", 1)[1].split("\n```", 1)[0]
-    assert block == claim_statement(10).rstrip("\n")
+    # Django 6 quotes the ORM's subquery aliases ("U0"), Django 5.2 does not (U0).
+    def unquoted(sql: str) -> str:
+        return re.sub(r'"(U\d+)"', r"\1", sql)
+
+    assert unquoted(block) == unquoted(claim_statement(10).rstrip("\n"))
 
 
 def test_the_state_machine_doc_lists_the_ways_out_of_running() -> None:
