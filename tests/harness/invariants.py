@@ -484,12 +484,18 @@ def lifecycle_as_expected(snap: Snapshot, record: RunRecord) -> Check:
                             f"{job.status if job else None}/{job.failure_class if job else ''} "
                             f"with attempts {sorted(outcomes)}")
     for key in life.cancelled_keys:
+        # A fault may strike the handler's worker before the cancel and the job run again; once
+        # the cancel is asked, no attempt may start, and the last one ends cancelled.
         job = snap.by_key.get(key)
-        ran = [a for a in snap.attempts.get(job.pk, []) if a.outcome != AttemptOutcome.RELEASED] \
-            if job else []
-        if job is None or job.status != "cancelled" or len(ran) != 1:
-            problems.append(f"{key}: wanted cancelled after one attempt, got "
-                            f"{job.status if job else None} after {len(ran)}")
+        attempts = snap.attempts.get(job.pk, []) if job else []
+        asked = job.cancel_requested_at if job else None
+        late = [a for a in attempts if asked is not None and a.claimed_at > asked]
+        last = attempts[-1].outcome if attempts else None
+        if job is None or job.status != "cancelled" or asked is None or late or \
+                last not in (AttemptOutcome.CANCELLED, AttemptOutcome.LOST):
+            problems.append(f"{key}: wanted cancelled with no attempt after the cancel, got "
+                            f"{job.status if job else None}, {len(late)} attempts after it, "
+                            f"the last {last}")
     claimed_while_paused = 0
     for key in life.paused_keys:
         job = snap.by_key.get(key)
