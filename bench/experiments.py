@@ -30,7 +30,8 @@ def claim_in_autocommit(
             transitions._claim_statement(using, limit)
     claim_sql, params, queue_at = transitions._claim_sql_cache[key]
     params = [*params, worker_id]
-    params[queue_at] = queue
+    for at in queue_at:
+        params[at] = queue
     with connections[using].cursor() as cursor:
         cursor.execute(claim_sql, params)
         columns = [column.name for column in cursor.description]
@@ -38,8 +39,43 @@ def claim_in_autocommit(
     return claimed_jobs(columns, rows)
 
 
+def claim_statement_without_pause(
+    using: str, limit: int
+) -> tuple[str, list[Any], tuple[int, ...]]:
+    """The claim's statement as it was before paused queues: no probe of ``pgjobs_queue``.
+
+    Drained next to the code as it is, it prices the pause check the claim carries.
+    """
+    from django_pgjobs import sql, transitions
+    from django_pgjobs.models import Job
+    from django_pgjobs.status import JobStatus
+
+    key = (using, limit)
+    cached = _unpaused_claim_cache.get(key)
+    if cached is None:
+        candidates = (
+            Job.objects.using(using)
+            .select_for_update(skip_locked=True)
+            .filter(status=JobStatus.READY, queue=transitions._QUEUE_SENTINEL)
+            .order_by("-priority", "run_at", "id")
+            .values("id")[:limit]
+        )
+        candidates_sql, params = candidates.query.get_compiler(using=using).as_sql()
+        text = sql.query("claim_jobs").replace("{candidates}", candidates_sql)
+        queue_at = tuple(i for i, p in enumerate(params) if p == transitions._QUEUE_SENTINEL)
+        cached = (text, list(params), queue_at)
+        _unpaused_claim_cache[key] = cached
+    return cached
+
+
+_unpaused_claim_cache: dict[tuple[str, int], tuple[str, list[Any], tuple[int, ...]]] = {}
+
+
 EXPERIMENTS = {
     "claim_autocommit": ("django_pgjobs.worker.core", "claim_jobs", claim_in_autocommit),
+    "claim_without_pause": (
+        "django_pgjobs.transitions", "_claim_statement", claim_statement_without_pause
+    ),
 }
 
 

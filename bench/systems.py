@@ -55,6 +55,11 @@ PGJOBS_CLAIM_AUTOCOMMIT = System(
     "pgjobs (claim in autocommit)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
     env={"BENCH_EXPERIMENT": "claim_autocommit"},
 )
+# The claim without its probe of pgjobs_queue, to price the pause check (bench/experiments.py).
+PGJOBS_CLAIM_NO_PAUSE = System(
+    "pgjobs (claim without the pause check)", PGJOBS.database, PGJOBS.remaining_sql,
+    kind="pgjobs", env={"BENCH_EXPERIMENT": "claim_without_pause"},
+)
 DJANGO_TASKS_DB = System(
     "django-tasks-db", "bench_dtd",
     "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING')",
