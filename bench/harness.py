@@ -151,9 +151,73 @@ class Drain:
     max_rss_mb: float | None
     complete: bool
     load_average: float  # of the whole machine over the minute before the drain ended
+    # The server's work per drained job, from its own counters (see ServerWork).
+    wal_bytes_per_job: float | None = None
+    transactions_per_job: float | None = None
+    tuples_written_per_job: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
+
+
+# Counters PostgreSQL keeps itself: WAL position (the whole server's), transactions ended in
+# the database, and rows inserted, updated and deleted in its tables (indexes not counted).
+_SERVER_WORK_SQL = """
+SELECT pg_current_wal_lsn(),
+       (SELECT xact_commit + xact_rollback FROM pg_stat_database
+        WHERE datname = current_database()),
+       (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables)
+"""
+
+
+@dataclass(frozen=True)
+class ServerWork:
+    """A reading of the server's counters; the difference of two is the work between them.
+
+    The WAL position is the whole server's, so other databases' writes in the same minutes
+    count too: on a quiet server they are the bench's own. Statistics reach the counters when
+    a backend ends or goes idle, at most once a second, so a reading waits for them to settle.
+    """
+
+    wal_lsn: str
+    transactions: int
+    tuples_written: int
+
+    @classmethod
+    def read(cls, database: str) -> ServerWork:
+        with psycopg.connect(dsn(database), autocommit=True) as conn:
+            row = conn.execute(_SERVER_WORK_SQL.encode()).fetchone()
+        assert row is not None
+        return cls(str(row[0]), int(row[1]), int(row[2]))
+
+    @classmethod
+    def settled(cls, database: str, timeout: float = 5.0) -> ServerWork:
+        """A reading once the transaction and row counters stopped moving."""
+        reading = cls.read(database)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(1.1)
+            again = cls.read(database)
+            # Each reading is one transaction of its own; beyond it, nothing moved.
+            if (again.tuples_written == reading.tuples_written
+                    and again.transactions <= reading.transactions + 1):
+                return again
+            reading = again
+        return reading
+
+    def per_job(self, before: ServerWork, jobs: int, own_transactions: int) -> dict[str, float]:
+        """The work from ``before`` to this reading per job, less ``own_transactions``."""
+        with psycopg.connect(dsn("postgres"), autocommit=True) as conn:
+            row = conn.execute(b"SELECT pg_wal_lsn_diff(%s, %s)",
+                               (self.wal_lsn, before.wal_lsn)).fetchone()
+        assert row is not None
+        jobs = max(jobs, 1)
+        return {
+            "wal_bytes_per_job": float(row[0]) / jobs,
+            "transactions_per_job": max(0, self.transactions - before.transactions
+                                        - own_transactions) / jobs,
+            "tuples_written_per_job": (self.tuples_written - before.tuples_written) / jobs,
+        }
 
 
 def drain(
@@ -176,6 +240,11 @@ def drain(
     off its CPU per job.
     """
     execute(database, "VACUUM ANALYZE")
+    # After a checkpoint the first change to each page writes the whole page to the WAL; one
+    # now makes every drain pay that alike instead of whenever the server's next one falls.
+    execute(database, "CHECKPOINT")
+    before = ServerWork.settled(database)
+    polls = 0
     low, high = jobs * 0.05, jobs * 0.95
     t_low = t_high = None
     done_low = done_high = 0
@@ -184,6 +253,7 @@ def drain(
     with psycopg.connect(dsn(database), autocommit=True) as conn:
         while True:
             row = conn.execute(remaining_sql.encode()).fetchone()
+            polls += 1
             assert row is not None
             done = jobs - row[0]
             now = time.monotonic()
@@ -205,6 +275,9 @@ def drain(
         rate = done / elapsed if elapsed else 0.0
     finished = list(workers.finished.values())
     cpu = max(0.0, sum(f.cpu_seconds for f in finished) - startup_cpu_seconds * len(finished))
+    # The timer's polls are one autocommit read each; the settled readings add one or two more,
+    # a few transactions in a drain of thousands, left in.
+    work = ServerWork.settled(database).per_job(before, done, own_transactions=polls + 1)
     return Drain(
         jobs=jobs,
         jobs_per_s=rate,
@@ -213,6 +286,7 @@ def drain(
         max_rss_mb=statistics.mean(f.max_rss_mb for f in finished) if python_workers else None,
         complete=done >= jobs,
         load_average=os.getloadavg()[0],
+        **work,
     )
 
 
