@@ -224,7 +224,7 @@ def traced_attempt(
 
     @wraps(execute)
     def traced(job: ClaimedJob, ctx: C) -> Outcome:
-        found = _state.tracer if _state.resolved else _resolve()
+        found = _attempt_tracer()
         if found is None:
             return execute(job, ctx)
         with _processing(found, job, ctx.worker_id) as span:
@@ -242,7 +242,7 @@ def traced_async_attempt(
 
     @wraps(execute)
     async def traced(job: ClaimedJob, ctx: C) -> Outcome:
-        found = _state.tracer if _state.resolved else _resolve()
+        found = _attempt_tracer()
         if found is None:
             return await execute(job, ctx)
         with _processing(found, job, ctx.worker_id) as span:
@@ -251,6 +251,24 @@ def traced_async_attempt(
         return outcome
 
     return traced
+
+
+def _attempt_tracer() -> Any | None:
+    """The tracer for an attempt's span, or None when nothing would record it.
+
+    With the API alone, OpenTelemetry's global provider is a proxy until an SDK sets a real
+    one, and its spans record nothing. An attempt's span is a root (linked to the enqueue, not
+    its child), so without an SDK it carries no context either: skipping it changes nothing
+    but the cost, which is more than a no-op job's own. Asked for every attempt, since an SDK
+    may be set up after the worker started. Enqueue keeps its span: a request's context can
+    reach a job through a span that records nothing.
+    """
+    found = _state.tracer if _state.resolved else _resolve()
+    if found is None or _state.provider is not None:
+        return found
+    if isinstance(_state.trace.get_tracer_provider(), _state.trace.ProxyTracerProvider):
+        return None
+    return found
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from django.core.checks import Error
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -218,6 +219,33 @@ def test_with_the_api_alone_nothing_is_recorded_or_stored() -> None:
     assert Job.objects.get(pk=job.pk).traceparent is None
     [run] = drain()
     assert run.succeeded
+
+
+def test_with_the_api_alone_an_attempt_makes_no_span(monkeypatch) -> None:
+    tracing.reset()
+    job = django_pgjobs.enqueue("tests.ok", {})
+    made: list[int] = []
+    processing = tracing._processing
+
+    def counted(found: Any, claimed: Any, worker_id: str) -> Any:
+        made.append(claimed.id)
+        return processing(found, claimed, worker_id)
+
+    monkeypatch.setattr(tracing, "_processing", counted)
+    [run] = drain()
+    assert run.succeeded and made == []
+
+    # An SDK set up globally once the worker runs: the next attempt is recorded.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    monkeypatch.setattr(tracing._state, "tracer", provider.get_tracer("django_pgjobs"))
+    second = django_pgjobs.enqueue("tests.ok", {})
+    [run] = drain()
+    assert run.succeeded and made == [second.pk] and job.pk != second.pk
+    assert [s.name for s in exporter.get_finished_spans()] == ["send default", "process default"]
+    provider.shutdown()
 
 
 def test_tracing_off_records_nothing_and_stores_nothing(traces) -> None:
