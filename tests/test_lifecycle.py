@@ -243,6 +243,25 @@ def test_a_handler_that_loops_forever_is_settled_at_its_timeout(start_worker, ta
 
 @pytest.mark.slow
 @transactional
+def test_jobs_batched_behind_a_timed_out_thread_go_back_at_once(start_worker) -> None:
+    stuck = django_pgjobs.enqueue("chaos.forever", {}, priority=10)
+    # A long lease: without the hand-back it would wait behind the thread for about a minute.
+    behind = django_pgjobs.enqueue("chaos.tick", {}, lease=timedelta(seconds=120))
+    worker = start_worker("--concurrency", "1", "--batch-size", "2", "--poll-interval", "0.1")
+    wait_for(lambda: Attempt.objects.filter(job_id=behind.pk).exists(), 30)
+    assert Attempt.objects.filter(job_id=stuck.pk).count() == 1  # claimed in the same batch
+    wait_for(lambda: Attempt.objects.filter(job_id=behind.pk,
+                                            outcome=AttemptOutcome.RELEASED).exists(), 20)
+    released = Attempt.objects.get(job_id=behind.pk, outcome=AttemptOutcome.RELEASED)
+    assert "taken over" in released.error
+    # Run later, once the worker gives up on the thread and starts a fresh executor.
+    wait_for(lambda: Job.objects.get(pk=behind.pk).status == JobStatus.SUCCEEDED, 60)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) in (0, 1), worker.output()
+
+
+@pytest.mark.slow
+@transactional
 def test_what_a_handler_reports_after_its_timeout_is_recorded_lost(start_worker) -> None:
     job = django_pgjobs.enqueue("chaos.late_after_timeout", {})
     worker = start_worker("--poll-interval", "0.1")

@@ -59,6 +59,12 @@ class RunningJobs:
         with self._lock:
             return list(self._jobs.values())
 
+    def left_running(self, job_id: int) -> bool:
+        """Whether ``job_id`` was taken over while its thread, which nothing can stop, runs on."""
+        with self._lock:
+            running = self._jobs.get(job_id)
+            return running is not None and running.taken_over and running.stop is None
+
     def ids(self) -> list[int]:
         with self._lock:
             return [job_id for job_id, r in self._jobs.items() if not r.taken_over]

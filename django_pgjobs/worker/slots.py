@@ -169,6 +169,11 @@ class Watchdog:
         for slot in list(slots):
             self._release_stale_waiting(slot)
             job = slot.job
+            if job is not None and self.runner.running.left_running(job.id):
+                # The thread may never return from a handler that timed out or was cancelled:
+                # the jobs queued behind it go back now, not when their leases run low.
+                with slot.lock:
+                    self.runner.release_waiting(slot, "batch behind a handler taken over")
             if job is None or slot.heartbeat or slot.abandoned:
                 continue
             # A handler hung past its lease (without heartbeats) has lost the job to the
