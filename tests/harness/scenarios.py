@@ -324,8 +324,10 @@ def lifecycle_controls(ctx: Context) -> None:
     def holding(job_id: int) -> bool:
         return Run.objects.filter(job_id=job_id, stage=Run.Stage.HOLDING).exists()
 
+    # A worker killed after claiming one of these, before its handler started, holds it for
+    # the handlers' long lease (chaos.jobs.LONG_LEASE, 60 s) until the rescue step frees it.
     for key, (task, job_id) in cancels.items():
-        if not db.wait_until(lambda job_id=job_id: holding(job_id), 30):
+        if not db.wait_until(lambda job_id=job_id: holding(job_id), 90):
             ctx.record.notes.append(f"{key}: {task} never ran before its cancel")
     db.retrying(lambda: transitions.cancel_jobs([job_id for _, job_id in cancels.values()],
                                                 reason="harness"))
