@@ -151,6 +151,7 @@ class Drain:
     max_rss_mb: float | None
     complete: bool
     load_average: float  # of the whole machine over the minute before the drain ended
+    progress_queries: int  # the harness's own reads of what is left, each one transaction
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -167,23 +168,27 @@ def drain(
     python_workers: bool = True,
     startup_cpu_seconds: float = 0.0,
     env: dict[str, str] | None = None,
+    vacuum: bool = True,
 ) -> Drain:
     """Start ``commands`` against ``jobs`` preloaded jobs and time the steady state.
 
     The rate is taken between 5% and 95% done, so process start-up and the last stragglers are
     left out for every system alike; "done" is read from the system's own table. The CPU a
     worker spends starting and stopping (``startup_cpu_seconds``, see ``startup_cpu``) is taken
-    off its CPU per job.
+    off its CPU per job. ``vacuum=False`` leaves out the ``VACUUM ANALYZE`` that comes first,
+    for a caller that has run it before reading the server's counters.
     """
-    execute(database, "VACUUM ANALYZE")
+    if vacuum:
+        execute(database, "VACUUM ANALYZE")
     low, high = jobs * 0.05, jobs * 0.95
     t_low = t_high = None
-    done_low = done_high = 0
+    done_low = done_high = polls = 0
     start = time.monotonic()
     workers = Workers.start(commands, child_env(database, **(env or {})), log)
     with psycopg.connect(dsn(database), autocommit=True) as conn:
         while True:
             row = conn.execute(remaining_sql.encode()).fetchone()
+            polls += 1
             assert row is not None
             done = jobs - row[0]
             now = time.monotonic()
@@ -213,6 +218,7 @@ def drain(
         max_rss_mb=statistics.mean(f.max_rss_mb for f in finished) if python_workers else None,
         complete=done >= jobs,
         load_average=os.getloadavg()[0],
+        progress_queries=polls,
     )
 
 
