@@ -53,6 +53,10 @@ PROXY_PORT = 15432
 PROCESSES_PER_HOST = 2
 RTTS_MS = (0.0, 1.0, 5.0)
 BATCHES = (1, 10, 50)
+# Where the round trip costs most, also more executor threads per process at batch 10: how
+# far concurrency hides the latency that a bigger batch would otherwise have to.
+MORE_THREADS = 4
+MORE_THREADS_FROM_RTT_MS = 1.0
 RESULTS = harness.ROOT / "bench" / "results"
 LOG = RESULTS / "logs" / "remote.log"
 ROUND_TRIP_SQL = harness.ROOT / "bench" / "round_trip.sql"
@@ -92,8 +96,10 @@ class Placement:
     def probe_env(self) -> dict[str, str]:
         return {} if self.rtt_ms is None else {"BENCH_PROBE_HOST": netns.LINKS[0].host_address}
 
-    def commands(self, batch: int, *, burst: bool, queue: str | None = None) -> list[list[str]]:
-        worker = PGJOBS.worker_command(burst=burst, concurrency=1, batch=batch)
+    def commands(
+        self, batch: int, threads: int, *, burst: bool, queue: str | None = None
+    ) -> list[list[str]]:
+        worker = PGJOBS.worker_command(burst=burst, concurrency=threads, batch=batch)
         if queue is not None:
             worker += ["--queue", queue]
         if self.rtt_ms is None:
@@ -109,11 +115,14 @@ def proxied_dsn(link: netns.Link) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}{at}{link.host_address}:{PROXY_PORT}"))
 
 
-def jobs_for(batch: int, rtt_ms: float, sizes: Sizes) -> int:
-    """Enough jobs for a drain of about ``sizes.drain_seconds`` at this batch and latency."""
+def jobs_for(batch: int, threads: int, rtt_ms: float, sizes: Sizes) -> int:
+    """Enough jobs for a drain of about ``sizes.drain_seconds`` at this shape and latency."""
     processes = PROCESSES_PER_HOST * len(netns.LINKS)
     ms_per_batch = LOCAL_MS_PER_BATCH[batch] + ROUND_TRIPS_PER_BATCH * rtt_ms
-    expected_per_s = processes * batch / ms_per_batch * 1000
+    # More threads than one per process wait on more round trips at once, up to what the
+    # machine's CPU drains locally.
+    expected_per_s = 1000 * batch * min(processes / LOCAL_MS_PER_BATCH[batch],
+                                        processes * threads / ms_per_batch)
     return max(sizes.min_jobs, math.ceil(expected_per_s * sizes.drain_seconds / 100) * 100)
 
 
@@ -192,17 +201,18 @@ def server_counters() -> dict[str, Any]:
 
 def commits_elsewhere(before: dict[str, int], after: dict[str, int]) -> int:
     """Transactions committed meanwhile in databases other than ours and "postgres"."""
-    return sum(after[name] - before[name] for name in after.keys() & before.keys()
-               if name not in (DATABASE, "postgres"))
+    # A database dropped and made again meanwhile counts from zero.
+    return sum(count - before.get(name, 0) if count >= before.get(name, 0) else count
+               for name, count in after.items() if name not in (DATABASE, "postgres"))
 
 
 def measure(
-    placement: Placement, batch: int, sizes: Sizes, startup_cpu: float,
+    placement: Placement, batch: int, threads: int, sizes: Sizes, startup_cpu: float,
     proxy: subprocess.Popen[bytes] | None,
 ) -> dict[str, Any]:
-    """Drain at ``batch`` with the server's counters read around it, then the pickup."""
+    """Drain at this shape with the server's counters read around it, then the pickup."""
     rtt = placement.rtt_ms or 0.0
-    jobs = jobs_for(batch, rtt, sizes)
+    jobs = jobs_for(batch, threads, rtt, sizes)
     env = placement.probe_env()
     harness.measure("pgjobs", "reset", DATABASE)
     harness.measure("pgjobs", "preload", DATABASE, n=jobs)
@@ -210,16 +220,18 @@ def measure(
     before = server_counters()
     proxy_before = cpu_seconds(proxy.pid) if proxy else 0.0
     drained = harness.drain(
-        DATABASE, PGJOBS.remaining_sql, jobs, placement.commands(batch, burst=True), LOG,
+        DATABASE, PGJOBS.remaining_sql, jobs, placement.commands(batch, threads, burst=True),
+        LOG,
         timeout=60 + 10 * sizes.drain_seconds, startup_cpu_seconds=startup_cpu, env=env,
         vacuum=False,
     )
     proxy_cpu = cpu_seconds(proxy.pid) - proxy_before if proxy else None
     after = server_counters()
     commits = after["commits"][DATABASE] - before["commits"][DATABASE] - drained.progress_queries
-    latency = pickup(placement, batch, sizes)
+    latency = pickup(placement, batch, threads, sizes)
     return {
         "placement": placement.label, "rtt_ms": placement.rtt_ms, "batch": batch,
+        "threads": threads,
         **drained.as_dict(),
         "wal_bytes_per_job": (after["wal_bytes"] - before["wal_bytes"]) / jobs,
         "commits_per_job": commits / jobs,
@@ -233,14 +245,14 @@ def measure(
 
 
 def pickup(
-    placement: Placement, batch: int, sizes: Sizes, queue: str | None = None
+    placement: Placement, batch: int, threads: int, sizes: Sizes, queue: str | None = None
 ) -> dict[str, Any]:
     """Pickup latency of the same workers, idle and listening, one probe job at a time."""
     env = placement.probe_env()
     harness.measure("pgjobs", "reset", DATABASE)
     workers = harness.Workers.start(
-        placement.commands(batch, burst=False, queue=queue), harness.child_env(DATABASE, **env),
-        LOG,
+        placement.commands(batch, threads, burst=False, queue=queue),
+        harness.child_env(DATABASE, **env), LOG,
     )
     try:
         return harness.measure("pgjobs", "pickup", DATABASE, env=env,
@@ -262,9 +274,12 @@ def run(sizes: Sizes, batches: Sequence[int]) -> dict[str, Any]:
         hop = nullcontext() if placement.rtt_ms is None else delay_proxy(placement.rtt_ms)
         with hop as proxy:
             select_ms = round_trip_ms(placement, sizes.round_trip_samples)
-            for batch in batches:
-                log(f"{placement.label}, batch {batch}")
-                row = measure(placement, batch, sizes, startup_cpu, proxy)
+            shapes = [(batch, 1) for batch in batches]
+            if placement.rtt_ms is not None and placement.rtt_ms >= MORE_THREADS_FROM_RTT_MS:
+                shapes.append((10, MORE_THREADS))
+            for batch, threads in shapes:
+                log(f"{placement.label}, batch {batch}, {threads} thread(s) per process")
+                row = measure(placement, batch, threads, sizes, startup_cpu, proxy)
                 rows.append({**row, "select_1_ms": select_ms})
                 log(f"  {row['jobs_per_s']:,.0f} jobs/s, pickup p50 "
                     f"{row['pickup']['p50_ms']:.1f} ms")
@@ -273,7 +288,7 @@ def run(sizes: Sizes, batches: Sequence[int]) -> dict[str, Any]:
                 # idle spell; one given its queue goes straight to the claim.
                 log(f"{placement.label}, pickup with --queue default")
                 named = {"placement": placement.label, "rtt_ms": placement.rtt_ms, "batch": 10,
-                         "pickup": pickup(placement, 10, sizes, queue="default")}
+                         "pickup": pickup(placement, 10, 1, sizes, queue="default")}
     harness.measure("pgjobs", "reset", DATABASE)
     return {"rows": rows, "pickup_named_queue": named}
 

@@ -164,7 +164,8 @@ def render_remote(results: dict[str, Any]) -> str:
            f"load average at start {m['load_average_at_start']:.1f}"]
     if results.get("quick"):
         out.append("QUICK RUN: small sizes, figures only check the scenario")
-    rows = [[r["placement"], _fmt(r["select_1_ms"], 2), str(r["batch"]), f"{r['jobs']:,}",
+    rows = [[r["placement"], _fmt(r["select_1_ms"], 2), str(r["threads"]), str(r["batch"]),
+             f"{r['jobs']:,}",
              _fmt(r["jobs_per_s"]), _fmt(r["pickup"]["p50_ms"], 1),
              _fmt(r["pickup"]["p99_ms"], 1), _fmt(r["wal_bytes_per_job"]),
              _fmt(r["commits_per_job"], 2), _fmt(r["tuples_per_job"], 2),
@@ -172,8 +173,8 @@ def render_remote(results: dict[str, Any]) -> str:
              _fmt(r["load_average"], 1), f"{r['commits_elsewhere']:,}",
              "" if r["complete"] else "incomplete"]
             for r in results["rows"]]
-    out += ["", "Workers on other hosts (4 processes x 1 thread; drain between 5% and 95% done)",
-            _table(["workers", "SELECT 1 ms", "batch", "jobs", "jobs/s", "pickup p50 ms",
+    out += ["", "Workers on other hosts (4 processes; drain between 5% and 95% done)",
+            _table(["workers", "SELECT 1 ms", "threads", "batch", "jobs", "jobs/s", "pickup p50 ms",
                     "pickup p99 ms", "WAL B/job", "commits/job", "rows written/job",
                     "worker CPU µs/job", "proxy CPU µs/job", "load",
                     "commits elsewhere", ""], rows)]
