@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 
 .PHONY: venv system-deps test demo admin lint chaos bench soak profile compare bench-async \
-	bench-lifecycle clean
+	bench-lifecycle bench-remote clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,11 +65,15 @@ chaos: $(STAMP)
 #   make compare REV=HEAD~3            drain with this checkout and REV, interleaved, one run
 #   make bench-async                   one worker: async handlers next to executor threads on I/O
 #   make bench-lifecycle               how fast a cancel reaches each kind of handler, and a pause
+#   make bench-remote                  as root: workers in two network namespaces, reaching the
+#                                      server through a delay proxy at 0, 1 and 5 ms added RTT;
+#                                      REMOTE_ARGS=--quick to check
 BENCH_VENV ?= .venv-bench
 BENCH_PY := $(BENCH_VENV)/bin/python
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_ARGS ?=
 SOAK_ARGS ?=
+REMOTE_ARGS ?=
 
 $(BENCH_STAMP): pyproject.toml bench/requirements.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
@@ -96,6 +100,9 @@ bench-async: $(BENCH_STAMP)
 
 bench-lifecycle: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.lifecycle
+
+bench-remote: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.remote $(REMOTE_ARGS)
 
 clean:
 	rm -rf .venv .venv-* .pgdata

@@ -151,6 +151,9 @@ class Drain:
     max_rss_mb: float | None
     complete: bool
     load_average: float  # of the whole machine over the minute before the drain ended
+    # The harness's own reads in the database while it drained (what is left, the counters),
+    # each one transaction.
+    progress_queries: int
     # The server's work per drained job, from its own counters (see ServerWork).
     wal_bytes_per_job: float | None = None
     transactions_per_job: float | None = None
@@ -191,19 +194,20 @@ class ServerWork:
         return cls(str(row[0]), int(row[1]), int(row[2]))
 
     @classmethod
-    def settled(cls, database: str, timeout: float = 5.0) -> ServerWork:
-        """A reading once the transaction and row counters stopped moving."""
-        reading = cls.read(database)
+    def settled(cls, database: str, timeout: float = 5.0) -> tuple[ServerWork, int]:
+        """A reading once the transaction and row counters stopped moving, and how many reads
+        (one transaction each) it took."""
+        reading, reads = cls.read(database), 1
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             time.sleep(1.1)
-            again = cls.read(database)
+            again, reads = cls.read(database), reads + 1
             # Each reading is one transaction of its own; beyond it, nothing moved.
             if (again.tuples_written == reading.tuples_written
                     and again.transactions <= reading.transactions + 1):
-                return again
+                return again, reads
             reading = again
-        return reading
+        return reading, reads
 
     def per_job(self, before: ServerWork, jobs: int, own_transactions: int) -> dict[str, float]:
         """The work from ``before`` to this reading per job, less ``own_transactions``."""
@@ -231,23 +235,25 @@ def drain(
     python_workers: bool = True,
     startup_cpu_seconds: float = 0.0,
     env: dict[str, str] | None = None,
+    vacuum: bool = True,
 ) -> Drain:
     """Start ``commands`` against ``jobs`` preloaded jobs and time the steady state.
 
     The rate is taken between 5% and 95% done, so process start-up and the last stragglers are
     left out for every system alike; "done" is read from the system's own table. The CPU a
     worker spends starting and stopping (``startup_cpu_seconds``, see ``startup_cpu``) is taken
-    off its CPU per job.
+    off its CPU per job. ``vacuum=False`` leaves out the ``VACUUM ANALYZE`` that comes first,
+    for a caller that has run it before reading the server's counters.
     """
-    execute(database, "VACUUM ANALYZE")
+    if vacuum:
+        execute(database, "VACUUM ANALYZE")
     # After a checkpoint the first change to each page writes the whole page to the WAL; one
     # now makes every drain pay that alike instead of whenever the server's next one falls.
     execute(database, "CHECKPOINT")
-    before = ServerWork.settled(database)
-    polls = 0
+    before, reads = ServerWork.settled(database)
     low, high = jobs * 0.05, jobs * 0.95
     t_low = t_high = None
-    done_low = done_high = 0
+    done_low = done_high = polls = 0
     start = time.monotonic()
     workers = Workers.start(commands, child_env(database, **(env or {})), log)
     with psycopg.connect(dsn(database), autocommit=True) as conn:
@@ -275,9 +281,11 @@ def drain(
         rate = done / elapsed if elapsed else 0.0
     finished = list(workers.finished.values())
     cpu = max(0.0, sum(f.cpu_seconds for f in finished) - startup_cpu_seconds * len(finished))
-    # The timer's polls are one autocommit read each; the settled readings add one or two more,
-    # a few transactions in a drain of thousands, left in.
-    work = ServerWork.settled(database).per_job(before, done, own_transactions=polls + 1)
+    # Between the two readings: the last read that gave ``before``, the timer's polls, and the
+    # reads that let the counters settle after.
+    after, after_reads = ServerWork.settled(database)
+    reads += after_reads
+    work = after.per_job(before, done, own_transactions=polls + after_reads)
     return Drain(
         jobs=jobs,
         jobs_per_s=rate,
@@ -286,6 +294,7 @@ def drain(
         max_rss_mb=statistics.mean(f.max_rss_mb for f in finished) if python_workers else None,
         complete=done >= jobs,
         load_average=os.getloadavg()[0],
+        progress_queries=polls + reads,
         **work,
     )
 

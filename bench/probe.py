@@ -1,16 +1,19 @@
-"""Pickup probes: a handler reports the moment it started over loopback UDP.
+"""Pickup probes: a handler reports the moment it started over UDP, by default on loopback.
 
 The harness stamps the time right after the enqueuing transaction commits; the handler stamps
 the time it starts and sends it here. Both clocks are the same machine's wall clock. UDP keeps
-the report off the database, so it does not add to the load it measures.
+the report off the database, so it does not add to the load it measures. BENCH_PROBE_HOST, in
+the harness's and the workers' environment alike, moves the listener off loopback: workers in
+a network namespace report to this host's end of their link (``bench.netns``).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
-HOST = "127.0.0.1"
+HOST = os.environ.get("BENCH_PROBE_HOST", "127.0.0.1")
 
 
 def report_start(key: int, port: int) -> None:

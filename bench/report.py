@@ -160,3 +160,33 @@ def render(results: dict[str, Any]) -> str:
         out += ["", "Targets for this machine (reported, not enforced)",
                 _table(["figure", "value", "target", ""], targets)]
     return "\n".join(out)
+
+
+def render_remote(results: dict[str, Any]) -> str:
+    """The table of ``bench.remote``: drain, pickup and server work per placement and batch."""
+    m = results["machine"]
+    out = [f"machine: {m['cores']} cores, PostgreSQL {m['postgresql']}, commit {m['commit']}; "
+           f"load average at start {m['load_average_at_start']:.1f}"]
+    if results.get("quick"):
+        out.append("QUICK RUN: small sizes, figures only check the scenario")
+    rows = [[r["placement"], _fmt(r["select_1_ms"], 2), str(r["threads"]), str(r["batch"]),
+             f"{r['jobs']:,}",
+             _fmt(r["jobs_per_s"]), _fmt(r["pickup"]["p50_ms"], 1),
+             _fmt(r["pickup"]["p99_ms"], 1), _fmt(r["wal_bytes_per_job"]),
+             _fmt(r["commits_per_job"], 2), _fmt(r["tuples_per_job"], 2),
+             _fmt(r["cpu_us_per_job"]), _fmt(r["proxy_cpu_us_per_job"]),
+             _fmt(r["load_average"], 1), f"{r['commits_elsewhere']:,}",
+             "" if r["complete"] else "incomplete"]
+            for r in results["rows"]]
+    out += ["", "Workers on other hosts (4 processes; drain between 5% and 95% done)",
+            _table(["workers", "SELECT 1 ms", "threads", "batch", "jobs", "jobs/s", "pickup p50 ms",
+                    "pickup p99 ms", "WAL B/job", "commits/job", "rows written/job",
+                    "worker CPU µs/job", "proxy CPU µs/job", "load",
+                    "commits elsewhere", ""], rows)]
+    named = results.get("pickup_named_queue")
+    if named:
+        p = named["pickup"]
+        out += ["", f"Pickup, {named['placement']}, batch {named['batch']}, workers started with "
+                f"--queue default: p50 {_fmt(p['p50_ms'], 1)} ms, p99 {_fmt(p['p99_ms'], 1)} ms "
+                f"({p['samples']} samples, {p['missed']} missed)"]
+    return "\n".join(out)
