@@ -151,24 +151,25 @@ class Drain:
     max_rss_mb: float | None
     complete: bool
     load_average: float  # of the whole machine over the minute before the drain ended
-    # The harness's own reads in the database while it drained (what is left, the counters),
-    # each one transaction.
-    progress_queries: int
     # The server's work per drained job, from its own counters (see ServerWork).
-    wal_bytes_per_job: float | None = None
-    transactions_per_job: float | None = None
-    tuples_written_per_job: float | None = None
+    wal_bytes_per_job: float
+    full_page_images_per_job: float
+    transactions_per_job: float
+    tuples_written_per_job: float
+    commits_elsewhere: int  # in the server's other databases while this one drained
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
 
 
-# Counters PostgreSQL keeps itself: WAL position (the whole server's), transactions ended in
-# the database, and rows inserted, updated and deleted in its tables (indexes not counted).
+# Counters PostgreSQL keeps itself: the WAL position and full-page images written (both the
+# whole server's), transactions committed in this database and in the others (but "postgres",
+# where no bench runs), and rows inserted, updated and deleted in this database's tables.
 _SERVER_WORK_SQL = """
-SELECT pg_current_wal_lsn(),
-       (SELECT xact_commit + xact_rollback FROM pg_stat_database
-        WHERE datname = current_database()),
+SELECT pg_current_wal_lsn(), (SELECT wal_fpi FROM pg_stat_wal),
+       (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+       (SELECT coalesce(sum(xact_commit), 0) FROM pg_stat_database
+        WHERE datname NOT IN (current_database(), 'postgres')),
        (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables)
 """
 
@@ -177,13 +178,16 @@ SELECT pg_current_wal_lsn(),
 class ServerWork:
     """A reading of the server's counters; the difference of two is the work between them.
 
-    The WAL position is the whole server's, so other databases' writes in the same minutes
-    count too: on a quiet server they are the bench's own. Statistics reach the counters when
-    a backend ends or goes idle, at most once a second, so a reading waits for them to settle.
+    The WAL figures are the whole server's, so other databases' writes in the same seconds
+    count too; the commits made elsewhere meanwhile say whether there were any. Statistics
+    reach the counters when a backend ends or goes idle, at most once a second, so a reading
+    waits for them to settle.
     """
 
     wal_lsn: str
-    transactions: int
+    full_page_images: int
+    commits: int
+    commits_elsewhere: int
     tuples_written: int
 
     @classmethod
@@ -191,12 +195,12 @@ class ServerWork:
         with psycopg.connect(dsn(database), autocommit=True) as conn:
             row = conn.execute(_SERVER_WORK_SQL.encode()).fetchone()
         assert row is not None
-        return cls(str(row[0]), int(row[1]), int(row[2]))
+        return cls(str(row[0]), *(int(value) for value in row[1:]))
 
     @classmethod
     def settled(cls, database: str, timeout: float = 5.0) -> tuple[ServerWork, int]:
-        """A reading once the transaction and row counters stopped moving, and how many reads
-        (one transaction each) it took."""
+        """A reading once the commit and row counters stopped moving, and how many reads (one
+        transaction each) it took."""
         reading, reads = cls.read(database), 1
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -204,13 +208,13 @@ class ServerWork:
             again, reads = cls.read(database), reads + 1
             # Each reading is one transaction of its own; beyond it, nothing moved.
             if (again.tuples_written == reading.tuples_written
-                    and again.transactions <= reading.transactions + 1):
+                    and again.commits <= reading.commits + 1):
                 return again, reads
             reading = again
         return reading, reads
 
-    def per_job(self, before: ServerWork, jobs: int, own_transactions: int) -> dict[str, float]:
-        """The work from ``before`` to this reading per job, less ``own_transactions``."""
+    def per_job(self, before: ServerWork, jobs: int, own_commits: int) -> dict[str, Any]:
+        """The work from ``before`` to this reading per job, less ``own_commits``."""
         with psycopg.connect(dsn("postgres"), autocommit=True) as conn:
             row = conn.execute(b"SELECT pg_wal_lsn_diff(%s, %s)",
                                (self.wal_lsn, before.wal_lsn)).fetchone()
@@ -218,9 +222,11 @@ class ServerWork:
         jobs = max(jobs, 1)
         return {
             "wal_bytes_per_job": float(row[0]) / jobs,
-            "transactions_per_job": max(0, self.transactions - before.transactions
-                                        - own_transactions) / jobs,
+            "full_page_images_per_job": (self.full_page_images - before.full_page_images) / jobs,
+            "transactions_per_job": max(0, self.commits - before.commits - own_commits) / jobs,
             "tuples_written_per_job": (self.tuples_written - before.tuples_written) / jobs,
+            # A database dropped and made again meanwhile can make this negative: none, then.
+            "commits_elsewhere": max(0, self.commits_elsewhere - before.commits_elsewhere),
         }
 
 
@@ -235,22 +241,19 @@ def drain(
     python_workers: bool = True,
     startup_cpu_seconds: float = 0.0,
     env: dict[str, str] | None = None,
-    vacuum: bool = True,
 ) -> Drain:
     """Start ``commands`` against ``jobs`` preloaded jobs and time the steady state.
 
     The rate is taken between 5% and 95% done, so process start-up and the last stragglers are
     left out for every system alike; "done" is read from the system's own table. The CPU a
     worker spends starting and stopping (``startup_cpu_seconds``, see ``startup_cpu``) is taken
-    off its CPU per job. ``vacuum=False`` leaves out the ``VACUUM ANALYZE`` that comes first,
-    for a caller that has run it before reading the server's counters.
+    off its CPU per job. Around the drain the server's counters are read (``ServerWork``).
     """
-    if vacuum:
-        execute(database, "VACUUM ANALYZE")
+    execute(database, "VACUUM ANALYZE")
     # After a checkpoint the first change to each page writes the whole page to the WAL; one
     # now makes every drain pay that alike instead of whenever the server's next one falls.
     execute(database, "CHECKPOINT")
-    before, reads = ServerWork.settled(database)
+    before, _ = ServerWork.settled(database)
     low, high = jobs * 0.05, jobs * 0.95
     t_low = t_high = None
     done_low = done_high = polls = 0
@@ -284,8 +287,7 @@ def drain(
     # Between the two readings: the last read that gave ``before``, the timer's polls, and the
     # reads that let the counters settle after.
     after, after_reads = ServerWork.settled(database)
-    reads += after_reads
-    work = after.per_job(before, done, own_transactions=polls + after_reads)
+    work = after.per_job(before, done, own_commits=polls + after_reads)
     return Drain(
         jobs=jobs,
         jobs_per_s=rate,
@@ -294,7 +296,6 @@ def drain(
         max_rss_mb=statistics.mean(f.max_rss_mb for f in finished) if python_workers else None,
         complete=done >= jobs,
         load_average=os.getloadavg()[0],
-        progress_queries=polls + reads,
         **work,
     )
 

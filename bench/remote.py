@@ -11,9 +11,9 @@ come first as the baseline. For each placement and claim batch size (1, 10, 50):
 
 - **drain**: no-op jobs are preloaded, as many as should last a few seconds, and the workers
   drain them in burst mode; the rate is taken between 5% and 95% done (``harness.drain``).
-  Around the drain the server's counters are read: WAL written (``pg_current_wal_lsn()``, the
-  whole server's), transactions committed in the bench database (less the harness's own
-  progress queries) and rows inserted, updated and deleted in the pgjobs tables.
+  Around the drain the harness reads the server's counters (``harness.ServerWork``): WAL
+  written (the whole server's), transactions committed in the bench database (less the
+  harness's own reads), rows written, and commits in the other databases meanwhile.
 - **pickup**: the same workers, idle and listening, pick up probe jobs enqueued one at a time
   from this host; each handler reports its start over UDP to this host's end of link a. At the
   highest latency, once more with the workers given their queue (``--queue default``).
@@ -174,71 +174,28 @@ def round_trip_ms(placement: Placement, samples: int) -> float:
     return float(match.group(1))
 
 
-def server_counters() -> dict[str, Any]:
-    """WAL position and full-page images, commits in the bench database and in the others (WAL
-    is the whole server's: those say whether anyone else wrote meanwhile; "postgres", where
-    these reads run, is left out), rows written to the pgjobs tables."""
-    # A backend hands in its statistics as it exits: wait for the workers' to be in.
-    deadline = time.monotonic() + 10
-    while harness.execute(
-        "postgres", "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [DATABASE]
-    )[0][0] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    ((tuples,),) = harness.execute(
-        DATABASE,
-        "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint "
-        "FROM pg_stat_user_tables WHERE relname LIKE 'pgjobs\\_%'",
-    )
-    ((wal, full_pages),) = harness.execute(
-        "postgres", "SELECT (pg_current_wal_lsn() - '0/0')::bigint, wal_fpi FROM pg_stat_wal"
-    )
-    commits = dict(harness.execute(
-        "postgres", "SELECT datname, xact_commit FROM pg_stat_database WHERE datname IS NOT NULL"
-    ))
-    return {"wal_bytes": wal, "full_page_images": full_pages, "commits": commits,
-            "tuples": tuples}
-
-
-def commits_elsewhere(before: dict[str, int], after: dict[str, int]) -> int:
-    """Transactions committed meanwhile in databases other than ours and "postgres"."""
-    # A database dropped and made again meanwhile counts from zero.
-    return sum(count - before.get(name, 0) if count >= before.get(name, 0) else count
-               for name, count in after.items() if name not in (DATABASE, "postgres"))
-
-
 def measure(
     placement: Placement, batch: int, threads: int, sizes: Sizes, startup_cpu: float,
     proxy: subprocess.Popen[bytes] | None,
 ) -> dict[str, Any]:
-    """Drain at this shape with the server's counters read around it, then the pickup."""
+    """Drain at this shape (the server's counters are read around it), then the pickup."""
     rtt = placement.rtt_ms or 0.0
     jobs = jobs_for(batch, threads, rtt, sizes)
     env = placement.probe_env()
     harness.measure("pgjobs", "reset", DATABASE)
     harness.measure("pgjobs", "preload", DATABASE, n=jobs)
-    harness.execute(DATABASE, "VACUUM ANALYZE")
-    before = server_counters()
     proxy_before = cpu_seconds(proxy.pid) if proxy else 0.0
     drained = harness.drain(
         DATABASE, PGJOBS.remaining_sql, jobs, placement.commands(batch, threads, burst=True),
         LOG,
         timeout=60 + 10 * sizes.drain_seconds, startup_cpu_seconds=startup_cpu, env=env,
-        vacuum=False,
     )
     proxy_cpu = cpu_seconds(proxy.pid) - proxy_before if proxy else None
-    after = server_counters()
-    commits = after["commits"][DATABASE] - before["commits"][DATABASE] - drained.progress_queries
     latency = pickup(placement, batch, threads, sizes)
     return {
         "placement": placement.label, "rtt_ms": placement.rtt_ms, "batch": batch,
         "threads": threads,
         **drained.as_dict(),
-        "wal_bytes_per_job": (after["wal_bytes"] - before["wal_bytes"]) / jobs,
-        "commits_per_job": commits / jobs,
-        "tuples_per_job": (after["tuples"] - before["tuples"]) / jobs,
-        "full_page_images_per_job":
-            (after["full_page_images"] - before["full_page_images"]) / jobs,
-        "commits_elsewhere": commits_elsewhere(before["commits"], after["commits"]),
         "proxy_cpu_us_per_job": proxy_cpu / jobs * 1e6 if proxy_cpu is not None else None,
         "pickup": latency,
     }

@@ -173,7 +173,7 @@ def render_remote(results: dict[str, Any]) -> str:
              f"{r['jobs']:,}",
              _fmt(r["jobs_per_s"]), _fmt(r["pickup"]["p50_ms"], 1),
              _fmt(r["pickup"]["p99_ms"], 1), _fmt(r["wal_bytes_per_job"]),
-             _fmt(r["commits_per_job"], 2), _fmt(r["tuples_per_job"], 2),
+             _fmt(r["transactions_per_job"], 2), _fmt(r["tuples_written_per_job"], 2),
              _fmt(r["cpu_us_per_job"]), _fmt(r["proxy_cpu_us_per_job"]),
              _fmt(r["load_average"], 1), f"{r['commits_elsewhere']:,}",
              "" if r["complete"] else "incomplete"]
