@@ -67,6 +67,20 @@ def test_every_hot_query_passes_on_a_small_table() -> None:
     assert "note: pgjobs_attempt, pgjobs_job, pgjobs_receipt hold at most 10000 rows" in output
 
 
+def test_the_settle_finds_its_attempts_by_lease_token_in_a_young_table() -> None:
+    # A few thousand attempts, under the size where a sequential scan passes the plan check:
+    # the planner takes the batch for a hundred rows, and joined by lease token alone it would
+    # read every attempt on every settle, a cost that grows with the table until it is analyzed
+    # again. The token array makes the index the plan at any size.
+    with connection.cursor() as cursor:
+        build_history(cursor, finished=5000, ready=100, queues=1, scheduled=0, retrying=0,
+                      due=0, running=0, receipts=0)
+    report = explain("settle", queue="q0", batch=BATCH)
+    assert report.ok, report.render()
+    assert "pgjobs_attempt" not in seq_scanned(report), report.render()
+    assert "pgjobs_attempt_lease_token_key" in {n.get("Index Name") for n in report.nodes()}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -107,6 +107,7 @@ LEFT JOIN settled AS s ON s.lease_token = r.lease_token
 -- attempt taken over (lease expired, timed out, cancelled) records the holder's late report
 -- as lost.
 WHERE a.lease_token = r.lease_token
+  AND a.lease_token = ANY (ARRAY(SELECT lease_token FROM reported))
   AND a.outcome IN ('running', 'lease_expired', 'timed_out', 'cancelled')
 RETURNING r.lease_token, s.lease_token IS NOT NULL AS applied
 
