@@ -6,8 +6,8 @@ A restructuring or a hot-path change is judged against the code it replaces on t
 in the same minutes: the other revision is checked out into ``bench/results/checkouts/<sha>``
 (a git worktree) and its workers run from there, so each side drains with its own code while the
 jobs, the database and the neighbours are the same. Both revisions must agree on the schema
-(the migrations are this checkout's). Prints jobs/s, worker CPU per job and peak RSS per side,
-the medians, and the ratio.
+(the migrations are this checkout's). Prints jobs/s, worker and server CPU per job and peak RSS
+per side, the medians, and the ratio.
 """
 
 from __future__ import annotations
@@ -77,16 +77,19 @@ def main() -> None:
                   f"batch {args.batch}, {args.jobs} jobs", flush=True)
             runs[name].append(drain(system, root, args.jobs, args.processes, args.batch))
     print()
-    print(f"{'':44} {'jobs/s (median)':>16} {'runs':>24} {'CPU us/job':>11} {'RSS MB':>7}")
+    print(f"{'':44} {'jobs/s (median)':>16} {'runs':>24} {'CPU us/job':>11} "
+          f"{'server us/job':>13} {'RSS MB':>7}")
     medians = {}
     for name, results in runs.items():
         rates = [r["jobs_per_s"] for r in results]
         medians[name] = statistics.median(rates)
         cpu = statistics.median(r["cpu_us_per_job"] for r in results)
         rss = statistics.median(r["max_rss_mb"] for r in results)
+        servers = [r["server_cpu_us_per_job"] for r in results]
+        server = statistics.median(servers) if None not in servers else float("nan")
         incomplete = "" if all(r["complete"] for r in results) else "  (a drain did not finish)"
         print(f"{name:44} {medians[name]:16,.0f} {', '.join(f'{x:,.0f}' for x in rates):>24} "
-              f"{cpu:11.0f} {rss:7.1f}{incomplete}")
+              f"{cpu:11.0f} {server:13.0f} {rss:7.1f}{incomplete}")
     first, second = medians.values()
     print(f"\nratio (this checkout / {args.rev}): {first / second:.3f}")
 

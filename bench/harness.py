@@ -156,6 +156,7 @@ class Drain:
     full_page_images_per_job: float
     transactions_per_job: float
     tuples_written_per_job: float
+    server_cpu_us_per_job: float | None  # the whole server's CPU, when it is on this machine
     commits_elsewhere: int  # in the server's other databases while this one drained
 
     def as_dict(self) -> dict[str, Any]:
@@ -170,8 +171,40 @@ SELECT pg_current_wal_lsn(), (SELECT wal_fpi FROM pg_stat_wal),
        (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
        (SELECT coalesce(sum(xact_commit), 0) FROM pg_stat_database
         WHERE datname NOT IN (current_database(), 'postgres')),
-       (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables)
+       (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables),
+       pg_backend_pid()
 """
+
+
+def server_cpu_seconds(backend_pid: int) -> float | None:
+    """User and system CPU the whole PostgreSQL server has used: the postmaster, its live
+    processes, and (as the postmaster's reaped children) every backend that has ended.
+
+    ``backend_pid`` is one of the server's backends; None when it is not on this machine (or
+    is not readable).
+    """
+    try:
+        postmaster = int(_proc_stat(backend_pid)[1])
+        own = _proc_stat(postmaster)
+        children = 0
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    fields = _proc_stat(int(entry.name))
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                if int(fields[1]) == postmaster:
+                    children += int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+    # utime, stime, and the reaped children's cutime, cstime.
+    ticks = sum(int(value) for value in own[11:15]) + children
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: [0] is the state, [1] the parent."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
 
 
 @dataclass(frozen=True)
@@ -189,13 +222,14 @@ class ServerWork:
     commits: int
     commits_elsewhere: int
     tuples_written: int
+    cpu_seconds: float | None  # the whole server's, when it runs on this machine
 
     @classmethod
     def read(cls, database: str) -> ServerWork:
         with psycopg.connect(dsn(database), autocommit=True) as conn:
             row = conn.execute(_SERVER_WORK_SQL.encode()).fetchone()
         assert row is not None
-        return cls(str(row[0]), *(int(value) for value in row[1:]))
+        return cls(str(row[0]), *(int(value) for value in row[1:-1]), server_cpu_seconds(row[-1]))
 
     @classmethod
     def settled(cls, database: str, timeout: float = 5.0) -> tuple[ServerWork, int]:
@@ -225,6 +259,9 @@ class ServerWork:
             "full_page_images_per_job": (self.full_page_images - before.full_page_images) / jobs,
             "transactions_per_job": max(0, self.commits - before.commits - own_commits) / jobs,
             "tuples_written_per_job": (self.tuples_written - before.tuples_written) / jobs,
+            "server_cpu_us_per_job": (
+                (self.cpu_seconds - before.cpu_seconds) / jobs * 1e6
+                if self.cpu_seconds is not None and before.cpu_seconds is not None else None),
             # A database dropped and made again meanwhile can make this negative: none, then.
             "commits_elsewhere": max(0, self.commits_elsewhere - before.commits_elsewhere),
         }

@@ -89,6 +89,7 @@ def render(results: dict[str, Any]) -> str:
                 base = _fmt(r["jobs_per_s"] / f["jobs_per_s"], 2) if f else ""
             rows.append([r["system"], str(r["processes"]), str(r["concurrency"]), str(r["batch"]),
                          _fmt(r["jobs_per_s"]), base, _fmt(r["cpu_us_per_job"]),
+                         _fmt(r.get("server_cpu_us_per_job")),
                          _fmt(r["max_rss_mb"], 1), _fmt(r.get("wal_bytes_per_job")),
                          _fmt(r.get("transactions_per_job"), 2),
                          _fmt(r.get("tuples_written_per_job"), 1),
@@ -96,7 +97,8 @@ def render(results: dict[str, Any]) -> str:
         out += ["", "Drain (no-op jobs, steady state between 5% and 95% done; server work per "
                 "job over the whole drain, from PostgreSQL's counters)",
                 _table(["system", "processes", "threads", "batch", "jobs/s", "÷ floor",
-                        "worker CPU µs/job", "worker RSS MB", "WAL bytes/job", "xacts/job",
+                        "worker CPU µs/job", "server CPU µs/job", "worker RSS MB",
+                        "WAL bytes/job", "xacts/job",
                         "tuples/job", ""], rows)]
         head = headline_drain(drain)
         if head:
