@@ -202,6 +202,15 @@ def server_cpu_seconds(backend_pid: int) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User and system CPU a process of this machine has used so far; None when it is gone."""
+    try:
+        fields = _proc_stat(pid)
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _proc_stat(pid: int) -> list[str]:
     """The fields of /proc/PID/stat after the command name: [0] is the state, [1] the parent."""
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -247,8 +256,11 @@ class ServerWork:
             reading = again
         return reading, reads
 
-    def per_job(self, before: ServerWork, jobs: int, own_commits: int) -> dict[str, Any]:
-        """The work from ``before`` to this reading per job, less ``own_commits``."""
+    def per_job(
+        self, before: ServerWork, jobs: int, own_commits: int, own_cpu_seconds: float = 0.0
+    ) -> dict[str, Any]:
+        """The work from ``before`` to this reading per job, less ``own_commits`` and
+        ``own_cpu_seconds`` (the harness's own reads)."""
         with psycopg.connect(dsn("postgres"), autocommit=True) as conn:
             row = conn.execute(b"SELECT pg_wal_lsn_diff(%s, %s)",
                                (self.wal_lsn, before.wal_lsn)).fetchone()
@@ -260,7 +272,7 @@ class ServerWork:
             "transactions_per_job": max(0, self.commits - before.commits - own_commits) / jobs,
             "tuples_written_per_job": (self.tuples_written - before.tuples_written) / jobs,
             "server_cpu_us_per_job": (
-                (self.cpu_seconds - before.cpu_seconds) / jobs * 1e6
+                max(0.0, self.cpu_seconds - before.cpu_seconds - own_cpu_seconds) / jobs * 1e6
                 if self.cpu_seconds is not None and before.cpu_seconds is not None else None),
             # A database dropped and made again meanwhile can make this negative: none, then.
             "commits_elsewhere": max(0, self.commits_elsewhere - before.commits_elsewhere),
@@ -297,6 +309,10 @@ def drain(
     start = time.monotonic()
     workers = Workers.start(commands, child_env(database, **(env or {})), log)
     with psycopg.connect(dsn(database), autocommit=True) as conn:
+        # The timer's own count costs the server CPU too, more for a table that keeps its
+        # history: its backend's CPU is read apart and left out of the server's.
+        poller = conn.info.backend_pid
+        poll_cpu = process_cpu_seconds(poller)
         while True:
             row = conn.execute(remaining_sql.encode()).fetchone()
             polls += 1
@@ -313,6 +329,9 @@ def drain(
             if done >= jobs and now - (t_high or now) > 30:
                 break  # a worker that does not exit on an empty queue: stop it below
             time.sleep(_POLL_SECONDS)
+        poll_cpu_after = process_cpu_seconds(poller)
+    poll_cpu_seconds = (poll_cpu_after - poll_cpu
+                        if poll_cpu is not None and poll_cpu_after is not None else 0.0)
     workers.stop()
     elapsed = time.monotonic() - start
     if t_low is not None and t_high is not None and t_high > t_low:
@@ -324,7 +343,8 @@ def drain(
     # Between the two readings: the last read that gave ``before``, the timer's polls, and the
     # reads that let the counters settle after.
     after, after_reads = ServerWork.settled(database)
-    work = after.per_job(before, done, own_commits=polls + after_reads)
+    work = after.per_job(before, done, own_commits=polls + after_reads,
+                         own_cpu_seconds=poll_cpu_seconds)
     return Drain(
         jobs=jobs,
         jobs_per_s=rate,

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import shutil
 import signal
@@ -151,12 +150,6 @@ def delay_proxy(rtt_ms: float) -> Iterator[subprocess.Popen[bytes]]:
             proxy.wait()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU a running process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def round_trip_ms(placement: Placement, samples: int) -> float:
     """The mean time of ``SELECT 1`` from where the workers run, by pgbench."""
     pgbench = shutil.which("pgbench")
@@ -184,13 +177,15 @@ def measure(
     env = placement.probe_env()
     harness.measure("pgjobs", "reset", DATABASE)
     harness.measure("pgjobs", "preload", DATABASE, n=jobs)
-    proxy_before = cpu_seconds(proxy.pid) if proxy else 0.0
+    proxy_before = harness.process_cpu_seconds(proxy.pid) if proxy else None
     drained = harness.drain(
         DATABASE, PGJOBS.remaining_sql, jobs, placement.commands(batch, threads, burst=True),
         LOG,
         timeout=60 + 10 * sizes.drain_seconds, startup_cpu_seconds=startup_cpu, env=env,
     )
-    proxy_cpu = cpu_seconds(proxy.pid) - proxy_before if proxy else None
+    proxy_after = harness.process_cpu_seconds(proxy.pid) if proxy else None
+    proxy_cpu = (proxy_after - proxy_before
+                 if proxy_after is not None and proxy_before is not None else None)
     latency = pickup(placement, batch, threads, sizes)
     return {
         "placement": placement.label, "rtt_ms": placement.rtt_ms, "batch": batch,

@@ -44,8 +44,8 @@ PGJOBS = System(
     "pgjobs", "bench_pgjobs",
     "SELECT count(*) FROM pgjobs_job WHERE status IN ('ready', 'running')",
 )
-# The same code with Django's server_side_binding option: psycopg then prepares statements
-# that a connection runs repeatedly, so PostgreSQL plans them once.
+# The same code with Django's server_side_binding option: parameters travel apart from the SQL
+# (nothing is prepared; see bench/settings.py).
 PGJOBS_PREPARED = System(
     "pgjobs (server-side binding)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
     env={"BENCH_SERVER_SIDE_BINDING": "1"},
