@@ -237,8 +237,10 @@ class ServerWork:
     def read(cls, database: str) -> ServerWork:
         with psycopg.connect(dsn(database), autocommit=True) as conn:
             row = conn.execute(_SERVER_WORK_SQL.encode()).fetchone()
-        assert row is not None
-        return cls(str(row[0]), *(int(value) for value in row[1:-1]), server_cpu_seconds(row[-1]))
+            assert row is not None
+            # While connected: the backend that answered leads to the postmaster.
+            cpu = server_cpu_seconds(row[-1])
+        return cls(str(row[0]), *(int(value) for value in row[1:-1]), cpu)
 
     @classmethod
     def settled(cls, database: str, timeout: float = 5.0) -> tuple[ServerWork, int]:
