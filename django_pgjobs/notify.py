@@ -31,7 +31,10 @@ RECONNECT_MAX_SECONDS = 5.0
 
 
 class Listener(threading.Thread):
-    """Calls ``wake`` whenever a job becomes ready in one of ``queues`` (None: any queue)."""
+    """Calls ``wake`` whenever a job becomes ready in one of ``queues`` (None: any queue).
+
+    ``noticed``, if given, first hears which queue the notification named.
+    """
 
     def __init__(
         self,
@@ -40,9 +43,11 @@ class Listener(threading.Thread):
         queues: Collection[str] | None = None,
         using: str = DEFAULT_DB_ALIAS,
         application_name: str = "pgjobs-listener",
+        noticed: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(name="pgjobs-listener", daemon=True)
         self.wake = wake
+        self.noticed = noticed
         self.queues = frozenset(queues) if queues is not None else None
         self.using = using
         self.application_name = application_name[:63]
@@ -82,6 +87,8 @@ class Listener(threading.Thread):
         while not self._halt.is_set():
             for note in conn.notifies(timeout=RECEIVE_TIMEOUT_SECONDS):
                 if self.queues is None or note.payload in self.queues:
+                    if self.noticed is not None:
+                        self.noticed(note.payload)
                     self.wake()
             if time.monotonic() - pinged >= PING_SECONDS:
                 conn.execute(sql.query("listener_ping"))

@@ -18,7 +18,9 @@ from django_pgjobs.maintenance import AgingPolicy
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import JobStatus
 from django_pgjobs.worker import Worker, weighted_rotation
+from django_pgjobs.worker.queues import QueueRotation
 from tests.conftest import wait_for
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -189,3 +191,31 @@ def test_without_aging_the_same_flood_starves_the_low_priority_job() -> None:
     assert low.status == JobStatus.READY
     assert low.priority == -100
     assert worker.counters.claimed > 40
+
+
+def test_a_notified_queue_is_claimed_without_reading_the_queue_list_again(
+    django_assert_num_queries,
+) -> None:
+    rotation = QueueRotation(None, {}, using="default")
+    JobFactory(queue="billing")
+    assert rotation.order() == ["billing"]  # the first order reads the list
+    rotation.found_nothing()
+    # After a claim that found nothing, a notification names the queue that has work now.
+    rotation.noticed("reports")
+    with django_assert_num_queries(0):
+        assert rotation.order() == ["reports"]
+    # While the list is fresh, another notified queue joins it.
+    rotation.noticed("billing")
+    with django_assert_num_queries(0):
+        assert sorted(rotation.order()) == ["billing", "reports"]
+    # A worker given its queues never changes them.
+    given = QueueRotation(["a", "b"], {}, using="default")
+    given.noticed("c")
+    assert sorted(given.order()) == ["a", "b"]
+
+
+def test_a_notification_before_the_first_read_does_not_hide_the_other_queues() -> None:
+    rotation = QueueRotation(None, {}, using="default")
+    JobFactory(queue="billing")
+    rotation.noticed("reports")
+    assert "billing" in rotation.order()

@@ -223,6 +223,7 @@ class Worker:
             self._listener = Listener(
                 self.wake, queues=self.queues, using=self.using,
                 application_name=f"pgjobs-listener {self.worker_id}",
+                noticed=self.rotation.noticed,
             )
             self._listener.start()
         for index in range(self.concurrency):

@@ -1,7 +1,8 @@
 """Which queue a claim tries first: weighted turns over the queues a worker serves.
 
 A worker given queues takes them in a smooth weighted round-robin; one serving every queue
-takes turns over the queues that have ready jobs, read again at most once a second.
+takes turns over the queues that have ready jobs, read again at most once a second, and over
+the queues its notifications name meanwhile.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class QueueRotation:
         ) if self.queues else []
         self._turn = 0
         self._known: list[str] = []
-        self._read_at = 0.0
+        # When the list was read; never yet: -inf; 0.0 once a claim found nothing.
+        self._read_at = float("-inf")
 
     def order(self) -> list[str]:
         """The queues to try for the next claim, first choice first."""
@@ -84,6 +86,22 @@ class QueueRotation:
         """No queue tried had work: a worker serving every queue reads them again next time."""
         if self.queues is None:
             self._read_at = 0.0
+
+    def noticed(self, queue: str) -> None:
+        """A notification said ``queue`` has a ready job (the listener's thread calls this).
+
+        A worker serving every queue takes it at its word: after a claim that found nothing,
+        the notified queue is the one known to have work, so the next claim goes straight to it
+        without reading the list again (one round trip less between enqueue and pickup); while
+        the list is fresh, the queue joins it. The list is read again once it is a second old.
+        """
+        if self.queues is not None:
+            return
+        if self._read_at == 0.0:
+            self._known = [queue]
+            self._read_at = time.monotonic()
+        elif queue not in self._known:
+            self._known = [*self._known, queue]
 
     def labels(self) -> list[str]:
         """The served queues as the start-up log line shows them (``*`` for every queue)."""
