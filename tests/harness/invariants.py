@@ -405,15 +405,16 @@ def workers_held_up(snap: Snapshot, record: RunRecord) -> Check:
     problems = []
     poison_runs = [run for runs in snap.runs.values() for run in runs if run.task == POISON]
     crashes = [e for e in record.exits if not e.caused_by_harness]
-    # A worker that the harness killed while it ran the poison died of the harness's SIGKILL
-    # or of the poison's, whichever came first: that run owes no death of its own.
+    # Each process that ran the poison owes one death: two executors of one worker can start
+    # both poison jobs before either kills it, and a worker the harness killed while it ran
+    # the poison died of whichever SIGKILL came first (the harness's, then: it owes none).
     killed = {e.pid for e in record.exits if e.caused_by_harness}
-    owed = sorted(run.pid for run in poison_runs if run.pid not in killed)
+    owed = sorted({run.pid for run in poison_runs} - killed)
     if sorted(e.pid for e in crashes) != owed or any(e.returncode != -9 for e in crashes):
         problems.append(f"{len(crashes)} worker deaths the harness did not cause "
                         f"({sorted({e.returncode for e in crashes})}); the poison ran "
-                        f"{len(poison_runs)} times, {len(owed)} of them in workers the "
-                        "harness did not kill")
+                        f"{len(poison_runs)} times, in {len(owed)} processes the harness did "
+                        "not kill")
     problems += [f"{e.worker_id} exited with {e.returncode}; its log ends:\n{e.log_tail}"
                  for e in crashes if e.returncode != -9]
     for restart in record.restarts:
