@@ -194,12 +194,22 @@ def server_cpu_seconds(backend_pid: int) -> float | None:
                 except (FileNotFoundError, ProcessLookupError):
                     continue
                 if int(fields[1]) == postmaster:
-                    children += int(fields[11]) + int(fields[12])
+                    children += _cpu_ticks(fields)
     except (OSError, ValueError, IndexError):
         return None
-    # utime, stime, and the reaped children's cutime, cstime.
-    ticks = sum(int(value) for value in own[11:15]) + children
+    # Its own, and its reaped children's: cutime and cstime, the two fields after stime.
+    ticks = _cpu_ticks(own) + int(own[13]) + int(own[14]) + children
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM ``process`` and wait for it; SIGKILL it if it has not gone within ``timeout``."""
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -208,12 +218,17 @@ def process_cpu_seconds(pid: int) -> float | None:
         fields = _proc_stat(pid)
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _cpu_ticks(fields) / os.sysconf("SC_CLK_TCK")
 
 
 def _proc_stat(pid: int) -> list[str]:
     """The fields of /proc/PID/stat after the command name: [0] is the state, [1] the parent."""
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def _cpu_ticks(fields: Sequence[str]) -> int:
+    """User and system clock ticks, from ``_proc_stat``'s fields (utime, then stime)."""
+    return int(fields[11]) + int(fields[12])
 
 
 @dataclass(frozen=True)

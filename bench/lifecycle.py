@@ -54,15 +54,6 @@ def _worker(*flags: str) -> subprocess.Popen[bytes]:
             env=harness.child_env(DATABASE), cwd=harness.ROOT, stdout=out, stderr=out)
 
 
-def _stop(worker: subprocess.Popen[bytes]) -> None:
-    worker.terminate()
-    try:
-        worker.wait(30)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()
-
-
 def cancels(samples: int) -> dict[str, list[float]]:
     from django_pgjobs import enqueue, transitions
     from django_pgjobs.models import Job
@@ -83,7 +74,7 @@ def cancels(samples: int) -> dict[str, list[float]]:
                     "cancel_requested_at", "finished_at").get(pk=job.pk)
                 latencies[kind].append((ended - asked).total_seconds())
     finally:
-        _stop(worker)
+        harness.stop_process(worker)
     return latencies
 
 
@@ -116,7 +107,7 @@ def pause(listen: bool, jobs: int = 20_000) -> dict[str, Any]:
         first = Attempt.objects.filter(job__queue=QUEUE, claimed_at__gt=resumed_at).earliest(
             "claimed_at").claimed_at
     finally:
-        _stop(worker)
+        harness.stop_process(worker)
     return {"claims_after_pause": after_pause, "ready_while_paused": left,
             "resume_to_first_claim_s": (first - resumed_at).total_seconds()}
 

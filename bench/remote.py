@@ -142,12 +142,7 @@ def delay_proxy(rtt_ms: float) -> Iterator[subprocess.Popen[bytes]]:
             raise RuntimeError(f"the delay proxy did not start; see {LOG}")
         yield proxy
     finally:
-        proxy.terminate()
-        try:
-            proxy.wait(10)
-        except subprocess.TimeoutExpired:
-            proxy.kill()
-            proxy.wait()
+        harness.stop_process(proxy, timeout=10)
 
 
 def round_trip_ms(placement: Placement, samples: int) -> float:

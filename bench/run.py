@@ -28,7 +28,7 @@ from bench.systems import (
     PGJOBS,
     PGJOBS_CLAIM_AUTOCOMMIT,
     PGJOBS_CLAIM_NO_PAUSE,
-    PGJOBS_PREPARED,
+    PGJOBS_SERVER_BINDING,
     PGQUEUER,
     PROCRASTINATE,
     System,
@@ -54,7 +54,7 @@ class Sizes:
 
 QUICK = Sizes(300, 4000, 2000, 10000, 1000, 10, (10_000, 50_000), 50, 120, 1)
 FULL = Sizes(2000, 40000, 20000, 100000, 8000, 100, (10_000, 100_000, 1_000_000), 200, 300, 3)
-ENQUEUERS = [PGJOBS, PGJOBS_PREPARED, DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER]
+ENQUEUERS = [PGJOBS, PGJOBS_SERVER_BINDING, DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER]
 
 # (processes, executor threads per process, claim batch); the first is the headline.
 PGJOBS_DRAINS = [(4, 1, 10), (1, 1, 10), (2, 1, 10), (4, 2, 10), (4, 1, 1), (4, 1, 50)]
@@ -159,7 +159,7 @@ def run_drain(sizes: Sizes) -> list[dict[str, Any]]:
     headline = [
         ("pgjobs", lambda: _drain_system(PGJOBS, sizes.drain_jobs, p, c, b, sizes)),
         ("pgjobs (server-side binding)",
-         lambda: _drain_system(PGJOBS_PREPARED, sizes.drain_jobs, p, c, b, sizes)),
+         lambda: _drain_system(PGJOBS_SERVER_BINDING, sizes.drain_jobs, p, c, b, sizes)),
         ("pgbench floor", lambda: _drain_floor(sizes.floor_jobs, p * c, b, sizes)),
         ("pgqueuer", lambda: _drain_system(PGQUEUER, sizes.drain_jobs, p, 1, b, sizes)),
     ]

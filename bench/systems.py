@@ -46,7 +46,7 @@ PGJOBS = System(
 )
 # The same code with Django's server_side_binding option: parameters travel apart from the SQL
 # (nothing is prepared; see bench/settings.py).
-PGJOBS_PREPARED = System(
+PGJOBS_SERVER_BINDING = System(
     "pgjobs (server-side binding)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
     env={"BENCH_SERVER_SIDE_BINDING": "1"},
 )

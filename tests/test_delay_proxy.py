@@ -123,22 +123,22 @@ async def _through_proxy(rtt: float) -> dict[str, Any]:
             "expected": b"".join(chunk.upper() for chunk in chunks)}
 
 
-def test_bytes_cross_intact_and_in_order_both_ways() -> None:
+def _run_through_proxy(rtt: float) -> dict[str, Any]:
     loop = new_event_loop()
     try:
-        result = loop.run_until_complete(_through_proxy(0.0))
+        return loop.run_until_complete(_through_proxy(rtt))
     finally:
         loop.close()
+
+
+def test_bytes_cross_intact_and_in_order_both_ways() -> None:
+    result = _run_through_proxy(0.0)
     assert result["first"] == b"PING"
     assert result["received"] == result["expected"]
 
 
 def test_a_round_trip_takes_at_least_the_added_round_trip_time() -> None:
-    loop = new_event_loop()
-    try:
-        result = loop.run_until_complete(_through_proxy(0.2))
-    finally:
-        loop.close()
+    result = _run_through_proxy(0.2)
     assert result["first"] == b"PING"
     assert result["round_trip"] >= 0.9 * 0.2
     assert result["received"] == result["expected"]
