@@ -82,7 +82,7 @@ def pause(listen: bool, jobs: int = 20_000) -> dict[str, Any]:
     from django.db import connection, transaction
 
     from django_pgjobs import JobSpec, enqueue_many, transitions
-    from django_pgjobs.models import Attempt, Job
+    from django_pgjobs.models import Job
 
     Job.objects.filter(queue=QUEUE).delete()
     with transaction.atomic():
@@ -96,15 +96,16 @@ def pause(listen: bool, jobs: int = 20_000) -> dict[str, Any]:
             cursor.execute("SELECT now()")
             paused_at = cursor.fetchone()[0]
         time.sleep(2.0)
-        after_pause = Attempt.objects.filter(job__queue=QUEUE, claimed_at__gt=paused_at).count()
+        # A job's claimed_at is its latest claim (its attempt's row is written when it ends).
+        after_pause = Job.objects.filter(queue=QUEUE, claimed_at__gt=paused_at).count()
         left = Job.objects.filter(queue=QUEUE, status="ready").count()
         transitions.resume_queue(QUEUE, reason="bench")
         with connection.cursor() as cursor:
             cursor.execute("SELECT now()")
             resumed_at = cursor.fetchone()[0]
-        _wait(lambda: Attempt.objects.filter(job__queue=QUEUE, claimed_at__gt=resumed_at).exists(),
+        _wait(lambda: Job.objects.filter(queue=QUEUE, claimed_at__gt=resumed_at).exists(),
               60, "a claim after the resume")
-        first = Attempt.objects.filter(job__queue=QUEUE, claimed_at__gt=resumed_at).earliest(
+        first = Job.objects.filter(queue=QUEUE, claimed_at__gt=resumed_at).earliest(
             "claimed_at").claimed_at
     finally:
         harness.stop_process(worker)

@@ -34,6 +34,7 @@ class ClaimedJob:
     deadline: datetime | None
     lease_seconds: int
     lease_token: uuid.UUID
+    lease_owner: str  # this worker's id, as the claim wrote it
     lease_expires_at: datetime
     trace_id: str
     queue: str
@@ -85,14 +86,14 @@ def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
     # Built once per column list: finding each field's position by name costs nothing per row.
     at = {name: index for index, name in enumerate(columns)}
     wanted = ("id", "task", "payload_version", "payload", "attempt", "max_attempts", "snoozes",
-              "deadline_us", "lease_seconds", "lease_token", "lease_expires_at_us", "trace_id",
-              "queue", "priority", "created_at_us", "run_at_us", "timeout_seconds",
+              "deadline_us", "lease_seconds", "lease_token", "lease_owner", "lease_expires_at_us",
+              "trace_id", "queue", "priority", "created_at_us", "run_at_us", "timeout_seconds",
               "scheduled_at_us", "traceparent")
     missing = [name for name in wanted if name not in at]
     if missing:
         raise LookupError(f"the claim's result lacks column(s) {', '.join(missing)}")
     (i_id, i_task, i_version, i_payload, i_attempt, i_max, i_snoozes, i_deadline, i_lease,
-     i_token, i_expires, i_trace, i_queue, i_priority, i_created, i_run_at, i_timeout,
+     i_token, i_owner, i_expires, i_trace, i_queue, i_priority, i_created, i_run_at, i_timeout,
      i_scheduled, i_parent) = (
         at[name] for name in wanted)
     loads = _json_loads
@@ -105,7 +106,7 @@ def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
             payload=loads(row[i_payload]), attempt=row[i_attempt], max_attempts=row[i_max],
             snoozes=row[i_snoozes],
             deadline=None if deadline is None else from_epoch_us(deadline),
-            lease_seconds=row[i_lease], lease_token=row[i_token],
+            lease_seconds=row[i_lease], lease_token=row[i_token], lease_owner=row[i_owner],
             lease_expires_at=from_epoch_us(row[i_expires]), trace_id=row[i_trace],
             queue=row[i_queue], priority=row[i_priority],
             created_at=from_epoch_us(row[i_created]), run_at=from_epoch_us(row[i_run_at]),

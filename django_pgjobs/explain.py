@@ -256,7 +256,7 @@ def _ready_queues(queue: str, batch: int, using: str) -> dict[str, Any]:
 def _settle(queue: str, batch: int, using: str) -> dict[str, Any]:
     # Settle what a real claim just took, as a worker would (all of it rolled back after).
     claimed = claim_jobs("pgjobs-explain", queue, batch, using=using)
-    held: list[Held] = list(claimed) or [_Nobody(0, uuid.uuid4(), "", 0, "")]
+    held: list[Held] = list(claimed) or [_Nobody(0, uuid.uuid4(), "", 0, "", "")]
     outcomes = [Outcome.succeeded(job, "null", 1) for job in held]
     return _captured(lambda: settle(outcomes, using=using), using)
 
@@ -268,6 +268,7 @@ class _Nobody(NamedTuple):
     lease_token: uuid.UUID
     task: str
     attempt: int
+    lease_owner: str
     trace_id: str
 
 

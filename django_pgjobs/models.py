@@ -165,6 +165,10 @@ class Job(models.Model):
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # When the running attempt was claimed (kept after it ends: the last attempt's). A running
+    # attempt has no row in pgjobs_attempt: its facts are the lease columns and this one, and
+    # its row is written once, when it ends (transitions.settle).
+    claimed_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     # Unique while active (scheduled, ready, running, retrying); with a period, unique within the
     # period that starts at unique_period_start, whatever the state.
@@ -295,6 +299,9 @@ class Job(models.Model):
 
 
 class Attempt(models.Model):
+    # One row per ended attempt, written once by the statement that ends it (its outcome known).
+    # The running attempt lives on its job (lease_owner, lease_token, claimed_at); RUNNING rows
+    # are only those an earlier version wrote at claim time, and settle completes them too.
     id = models.BigAutoField(primary_key=True)
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempt_set")
     number = models.PositiveIntegerField()

@@ -61,6 +61,8 @@ class Held(Protocol):
     @property
     def attempt(self) -> int: ...
     @property
+    def lease_owner(self) -> str: ...
+    @property
     def trace_id(self) -> str: ...
 
 
@@ -70,6 +72,9 @@ class Outcome:
 
     job_id: int
     lease_token: uuid.UUID
+    # The attempt's number and the worker that held it: its row is written when it ends.
+    attempt: int
+    worker_id: str
     status: JobStatus
     attempt_outcome: AttemptOutcome
     # From the database clock at settlement; None keeps run_at as it is.
@@ -85,16 +90,14 @@ class Outcome:
     duration_ms: int | None = None
     # For log lines only.
     task: str = ""
-    attempt: int = 0
     trace_id: str = ""
 
     @classmethod
     def succeeded(cls, job: Held, result_json: str, duration_ms: int) -> Outcome:
         """The handler returned; its result is stored with the job."""
-        return cls(job.id, job.lease_token, JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
+        return cls(*_names(job), JobStatus.SUCCEEDED, AttemptOutcome.SUCCEEDED,
                    terminal_reason=TerminalReason.SUCCEEDED, result_json=result_json,
-                   duration_ms=duration_ms, task=job.task, attempt=job.attempt,
-                   trace_id=job.trace_id)
+                   duration_ms=duration_ms, task=job.task, trace_id=job.trace_id)
 
     @classmethod
     def failed(
@@ -107,42 +110,40 @@ class Outcome:
             attempt_outcome = _TAKEN_OVER[failure_class]
         else:
             attempt_outcome = AttemptOutcome.DEAD if dead else AttemptOutcome.FAILED
-        return cls(job.id, job.lease_token, decision.status, attempt_outcome,
+        return cls(*_names(job), decision.status, attempt_outcome,
                    delay_seconds=decision.delay_seconds, counted=decision.counts_attempt,
                    failure_class=failure_class.value, terminal_reason=decision.terminal_reason,
                    error=error, traceback=traceback, duration_ms=duration_ms, task=job.task,
-                   attempt=job.attempt, trace_id=job.trace_id)
+                   trace_id=job.trace_id)
 
     @classmethod
     def dead(
         cls, job: Held, reason: TerminalReason, error: str, duration_ms: int | None = None
     ) -> Outcome:
         """The job cannot run again, through no failure of its handler (deadline, snooze limit)."""
-        return cls(job.id, job.lease_token, JobStatus.DEAD, AttemptOutcome.DEAD,
-                   terminal_reason=reason, error=error, duration_ms=duration_ms, task=job.task,
-                   attempt=job.attempt, trace_id=job.trace_id)
+        return cls(*_names(job), JobStatus.DEAD, AttemptOutcome.DEAD, terminal_reason=reason,
+                   error=error, duration_ms=duration_ms, task=job.task, trace_id=job.trace_id)
 
     @classmethod
     def snoozed(cls, job: Held, seconds: float, duration_ms: int) -> Outcome:
         """The handler asked to run again after ``seconds``, without using an attempt."""
         status = JobStatus.SCHEDULED if seconds > 0 else JobStatus.READY
-        return cls(job.id, job.lease_token, status, AttemptOutcome.SNOOZED,
+        return cls(*_names(job), status, AttemptOutcome.SNOOZED,
                    delay_seconds=seconds, counted=False, adds_snooze=True, duration_ms=duration_ms,
-                   task=job.task, attempt=job.attempt, trace_id=job.trace_id)
+                   task=job.task, trace_id=job.trace_id)
 
     @classmethod
     def released(cls, job: Held, reason: str) -> Outcome:
         """Handed back unstarted: ready at once, the attempt not counted."""
-        return cls(job.id, job.lease_token, JobStatus.READY, AttemptOutcome.RELEASED,
-                   counted=False, error=reason, task=job.task, attempt=job.attempt,
-                   trace_id=job.trace_id)
+        return cls(*_names(job), JobStatus.READY, AttemptOutcome.RELEASED, counted=False,
+                   error=reason, task=job.task, trace_id=job.trace_id)
 
     @classmethod
     def cancelled(cls, job: Held, error: str) -> Outcome:
         """An operator asked the running job to stop: it ends cancelled, never retried."""
-        return cls(job.id, job.lease_token, JobStatus.CANCELLED, AttemptOutcome.CANCELLED,
+        return cls(*_names(job), JobStatus.CANCELLED, AttemptOutcome.CANCELLED,
                    terminal_reason=TerminalReason.OPERATOR, error=error, task=job.task,
-                   attempt=job.attempt, trace_id=job.trace_id)
+                   trace_id=job.trace_id)
 
     def without_text(self) -> Outcome:
         """This outcome without the error, traceback and result that could not be stored."""
@@ -156,6 +157,11 @@ class Outcome:
             return (f"job {self.job_id}: attempt outcome {self.attempt_outcome.value!r} cannot "
                     f"send a running job to {self.status.value!r}")
         return None
+
+
+def _names(job: Held) -> tuple[int, uuid.UUID, int, str]:
+    # The fields an Outcome starts with: which job, which lease, which attempt, whose.
+    return job.id, job.lease_token, job.attempt, job.lease_owner
 
 
 __all__ = ["WAYS_OUT", "Held", "Outcome"]

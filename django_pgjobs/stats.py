@@ -214,7 +214,7 @@ def attempt_distribution(
     using: str = DEFAULT_DB_ALIAS,
 ) -> list[AttemptBucket]:
     """Recent claims by attempt number: first tries against retries."""
-    rows = _fetch("stats_attempt_numbers", [window_seconds, sample], using)
+    rows = _fetch("stats_attempt_numbers", {"window": window_seconds, "cap": sample}, using)
     return [AttemptBucket(int(number), int(n)) for number, n in rows]
 
 
@@ -240,7 +240,7 @@ def pickup_latency(
     Jobs that were retried or snoozed since are left out: their run_at no longer says when
     they first became due.
     """
-    rows = _fetch("stats_pickup_latency", [window_seconds, sample], using)
+    rows = _fetch("stats_pickup_latency", {"window": window_seconds, "cap": sample}, using)
     return [_latency(row) for row in rows]
 
 
@@ -312,7 +312,7 @@ def _latency(row: tuple[Any, ...]) -> Latency:
     return Latency(str(key), int(samples), float(p50), float(p95), float(top))
 
 
-def _fetch(name: str, params: list[Any], using: str) -> list[tuple[Any, ...]]:
+def _fetch(name: str, params: list[Any] | dict[str, Any], using: str) -> list[tuple[Any, ...]]:
     with connections[using].cursor() as cursor:
         cursor.execute(sql.query(name), params)
         return cursor.fetchall()

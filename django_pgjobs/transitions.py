@@ -157,9 +157,9 @@ def cancel_requested(job_ids: Sequence[int], *, using: str = DEFAULT_DB_ALIAS) -
 
 # The columns of settle_jobs' recordset, named as Outcome's fields.
 REPORT_FIELDS = (
-    "job_id", "lease_token", "status", "attempt_outcome", "delay_seconds", "counted",
-    "adds_snooze", "failure_class", "terminal_reason", "error", "traceback", "result_json",
-    "duration_ms",
+    "job_id", "lease_token", "attempt", "worker_id", "status", "attempt_outcome",
+    "delay_seconds", "counted", "adds_snooze", "failure_class", "terminal_reason", "error",
+    "traceback", "result_json", "duration_ms",
 )
 _report = attrgetter(*REPORT_FIELDS)
 
@@ -167,8 +167,10 @@ _report = attrgetter(*REPORT_FIELDS)
 def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dict[uuid.UUID, bool]:
     """Apply a batch of outcomes in one fenced statement; map each lease token to "applied".
 
-    A token that maps to False lost its lease before reporting: its attempt is recorded as lost
-    and the job was not touched. An outcome that is not a way out of RUNNING is refused.
+    Each attempt's row is written here, once, with its outcome. A token that maps to False lost
+    its lease before reporting: its attempt is recorded as lost and the job was not touched. An
+    outcome that is not a way out of RUNNING is refused, and so is a batch that reports one
+    lease twice (its row can be written only once).
     """
     if not outcomes:
         return {}
@@ -176,6 +178,8 @@ def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dic
         problem = outcome.problem()
         if problem is not None:
             raise ValueError(f"settle refuses an outcome: {problem}")
+    if len({o.lease_token for o in outcomes}) != len(outcomes):
+        raise ValueError("settle refuses a batch that reports one lease twice")
     # One JSON document for the batch: encoding it costs the worker a fraction of adapting a
     # parameter per column, and the server parses it in C.
     reports = json.dumps([dict(zip(REPORT_FIELDS, _report(o), strict=True)) for o in outcomes],

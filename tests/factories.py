@@ -37,6 +37,7 @@ class JobFactory(factory.django.DjangoModelFactory):
             lease_owner="factory-worker",
             lease_token=factory.LazyFunction(uuid.uuid4),
             lease_expires_at=factory.LazyFunction(lambda: timezone.now() + timedelta(seconds=30)),
+            claimed_at=factory.LazyFunction(timezone.now),
             started_at=factory.LazyFunction(timezone.now),
         )
         retrying = factory.Trait(
@@ -67,14 +68,18 @@ class JobFactory(factory.django.DjangoModelFactory):
 
 
 class AttemptFactory(factory.django.DjangoModelFactory):
+    """An attempt that ended (a running attempt has no row: its job is its record)."""
+
     class Meta:
         model = Attempt
 
-    job = factory.SubFactory(JobFactory, running=True)
+    job = factory.SubFactory(JobFactory, succeeded=True)
     number = 1
     worker_id = "factory-worker"
     lease_token = factory.LazyFunction(uuid.uuid4)
-    outcome = AttemptOutcome.RUNNING
+    outcome = AttemptOutcome.SUCCEEDED
+    reported_outcome = factory.SelfAttribute("outcome")
+    finished_at = factory.LazyFunction(timezone.now)
 
 
 class ReceiptFactory(factory.django.DjangoModelFactory):

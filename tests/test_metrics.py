@@ -128,7 +128,7 @@ def test_retries_are_counted_by_failure_class() -> None:
 def test_lost_settlements_are_counted_and_nothing_else() -> None:
     metrics = WorkerMetrics()
     held = SimpleNamespace(id=1, lease_token=uuid.uuid4(), task="tests.ok", attempt=1,
-                           trace_id="")
+                           lease_owner="w1", trace_id="")
     outcome = Outcome.succeeded(held, "null", duration_ms=1500)
     metrics.on_settle(outcome, False)
     samples = parse(exposition(metrics.registry))

@@ -197,7 +197,8 @@ def test_throughput_is_one_point_per_minute_with_zeros() -> None:
 
 def test_snapshot_is_json_ready() -> None:
     JobFactory(queue="mail")
-    AttemptFactory(failure_class="transient", duration_ms=12)
+    AttemptFactory(job=JobFactory(running=True, attempts=2), outcome=AttemptOutcome.FAILED,
+                   failure_class="transient", duration_ms=12)
     data = stats.snapshot().as_dict()
     text = json.dumps(data)
     assert json.loads(text)["queues"][0]["queue"] == "default"
@@ -233,12 +234,12 @@ ANALYZE pgjobs_job;
 ANALYZE pgjobs_attempt;
 """
 
-STATS_QUERIES: dict[str, list[Any]] = {
+STATS_QUERIES: dict[str, list[Any] | dict[str, Any]] = {
     "stats_queue_counts": [86400],
     "stats_oldest_ready": [],
-    "stats_attempt_numbers": [3600, 10000],
+    "stats_attempt_numbers": {"window": 3600, "cap": 10000},
     "stats_handler_latency": [3600, 10000],
-    "stats_pickup_latency": [3600, 10000],
+    "stats_pickup_latency": {"window": 3600, "cap": 10000},
     "stats_leases": [10.0],
     "stats_failures": [86400],
     "stats_throughput": [60, 60],
@@ -272,6 +273,8 @@ def test_every_stats_query_reads_indexes_not_history() -> None:
     assert "pgjobs_job_finished_idx" in indexes["stats_throughput"]
     assert "pgjobs_job_lease_idx" in indexes["stats_leases"]
     assert "pgjobs_attempt_claimed_idx" in indexes["stats_handler_latency"]
+    for running_too in ("stats_attempt_numbers", "stats_pickup_latency"):
+        assert {"pgjobs_attempt_claimed_idx", "pgjobs_job_lease_idx"} <= indexes[running_too]
     assert "pgjobs_attempt_failed_idx" in indexes["stats_failures"]
     assert {"pgjobs_job_claim_idx", "pgjobs_job_lease_idx", "pgjobs_job_due_idx",
             "pgjobs_job_finished_idx"} <= indexes["stats_queue_counts"]

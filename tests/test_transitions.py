@@ -39,7 +39,7 @@ def expire_lease(job_id: int) -> None:
     Job.objects.filter(pk=job_id).update(lease_expires_at=timezone.now() - timedelta(hours=1))
 
 
-def test_claim_takes_the_highest_priority_oldest_first_and_records_attempts() -> None:
+def test_claim_takes_the_highest_priority_oldest_first_and_holds_them_under_a_lease() -> None:
     low = JobFactory(priority=0)
     high_late = JobFactory(priority=10)
     high_early = JobFactory(priority=10, run_at=timezone.now() - timedelta(minutes=1))
@@ -56,9 +56,9 @@ def test_claim_takes_the_highest_priority_oldest_first_and_records_attempts() ->
         assert job.started_at is not None
         # The lease comes from the database clock: expiry - lease length == the claim's now().
         assert job.lease_expires_at - timedelta(seconds=job.lease_seconds) == job.heartbeat_at
-        attempt = Attempt.objects.get(lease_token=c.lease_token)
-        assert (attempt.job_id, attempt.number, attempt.worker_id, attempt.outcome) == (
-            c.id, 1, "w1", AttemptOutcome.RUNNING)
+        # The running attempt's record is its job; its own row is written when it ends.
+        assert job.claimed_at == job.heartbeat_at and c.lease_owner == "w1"
+        assert not Attempt.objects.filter(lease_token=c.lease_token).exists()
     assert Job.objects.get(pk=low.pk).status == JobStatus.READY
 
 
@@ -148,12 +148,51 @@ def test_a_stale_worker_cannot_settle_or_heartbeat_a_job_another_attempt_owns() 
     assert Job.objects.get(pk=stale.id).status == JobStatus.SUCCEEDED
 
 
-def test_settle_with_a_made_up_token_changes_nothing() -> None:
+def test_settle_with_a_made_up_token_leaves_the_job_alone_and_records_the_report_lost() -> None:
     JobFactory()
     [c] = claim_jobs("w1", "default", 1)
     forged = uuid.uuid4()
     assert settle([succeeded(c, forged)]) == {forged: False}
-    assert Job.objects.get(pk=c.id).status == JobStatus.RUNNING
+    job = Job.objects.get(pk=c.id)
+    assert (job.status, job.lease_token, job.attempts) == (JobStatus.RUNNING, c.lease_token, 1)
+    assert list(Attempt.objects.values_list("lease_token", "outcome", "reported_outcome")) == [
+        (forged, AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED)]
+    # A report about a job that is gone has nothing to be recorded against.
+    gone = replace(succeeded(c, uuid.uuid4()), job_id=c.id + 1000)
+    assert settle([gone]) == {gone.lease_token: False}
+    assert Attempt.objects.count() == 1
+
+
+def test_settle_writes_the_attempt_row_once_with_the_claims_facts() -> None:
+    JobFactory()
+    [c] = claim_jobs("w1", "default", 1)
+    claimed_at = Job.objects.get(pk=c.id).claimed_at
+    assert settle([succeeded(c, c.lease_token)]) == {c.lease_token: True}
+    attempt = Attempt.objects.get()
+    assert (attempt.job_id, attempt.number, attempt.worker_id, attempt.claimed_at,
+            attempt.outcome) == (c.id, 1, "w1", claimed_at, AttemptOutcome.SUCCEEDED)
+    # Sent again (its reply was lost after the commit): nothing changes, and it is not applied.
+    assert settle([succeeded(c, c.lease_token)]) == {c.lease_token: False}
+    assert Attempt.objects.get().outcome == AttemptOutcome.SUCCEEDED
+    with pytest.raises(ValueError, match="reports one lease twice"):
+        settle([succeeded(c, c.lease_token), succeeded(c, c.lease_token)])
+
+
+def test_settle_completes_a_running_attempt_row_an_earlier_version_wrote_at_claim() -> None:
+    JobFactory.create_batch(2)
+    first, second = claim_jobs("w1", "default", 2)
+    for c in (first, second):
+        Attempt.objects.create(job_id=c.id, number=1, worker_id="w1", lease_token=c.lease_token,
+                               outcome=AttemptOutcome.RUNNING)
+    expire_lease(second.id)
+    rescue_expired_leases(10)
+    assert settle([succeeded(first, first.lease_token),
+                   succeeded(second, second.lease_token)]) == {
+        first.lease_token: True, second.lease_token: False}
+    outcomes = dict(Attempt.objects.values_list("lease_token", "outcome"))
+    assert outcomes == {first.lease_token: AttemptOutcome.SUCCEEDED,
+                        second.lease_token: AttemptOutcome.LOST}
+    assert Attempt.objects.count() == 2
 
 
 def test_heartbeat_extends_only_the_current_lease_and_reports_cancel_requests() -> None:
@@ -325,7 +364,7 @@ def test_a_claim_is_read_by_column_names_not_positions() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT run_at_us, queue, id, task, payload, payload_version, attempts AS attempt, "
-            "max_attempts, snoozes, deadline_us, lease_seconds, lease_token, "
+            "max_attempts, snoozes, deadline_us, lease_seconds, lease_token, lease_owner, "
             "lease_expires_at_us, trace_id, priority, created_at_us, timeout_seconds, "
             "scheduled_at_us, traceparent FROM ("
             "SELECT *, (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, "
@@ -337,7 +376,7 @@ def test_a_claim_is_read_by_column_names_not_positions() -> None:
         columns = [d.name for d in cursor.description]
         [again] = claimed_jobs(columns, cursor.fetchall())
     fields = ("id", "task", "payload", "attempt", "priority", "trace_id", "queue", "lease_token",
-              "lease_expires_at", "deadline", "created_at", "run_at", "scheduled_at",
+              "lease_owner", "lease_expires_at", "deadline", "created_at", "run_at", "scheduled_at",
               "traceparent")
     assert {f: getattr(again, f) for f in fields} == {f: getattr(c, f) for f in fields}
     with pytest.raises(LookupError, match=r"lacks column\(s\) trace_id$"):

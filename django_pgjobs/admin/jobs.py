@@ -95,8 +95,9 @@ class JobAdmin(ReadOnlyAdmin):
         ("Attempts and times", {"fields": ("attempts", "max_attempts", "snoozes", "run_at",
                                            "deadline", "created_at", "started_at", "finished_at",
                                            "updated_at")}),
-        ("Lease", {"fields": ("lease_owner", "lease_token", "lease_seconds", "lease_expires_at",
-                              "heartbeat_at", "cancel_requested_at")}),
+        # A running attempt's record until it ends (the inline lists the attempts that ended).
+        ("Lease", {"fields": ("lease_owner", "lease_token", "claimed_at", "lease_seconds",
+                              "lease_expires_at", "heartbeat_at", "cancel_requested_at")}),
         ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
                                  "scheduled_at")}),
         ("Operator actions", {"fields": ("operator_history",)}),

@@ -2,7 +2,8 @@
 -- The candidates CTE is the ORM's select_for_update(skip_locked=True) query over the claim index.
 -- Kept in its own CTE it is an optimisation fence: the planner cannot fold it into the UPDATE
 -- and lock more rows than its LIMIT. Lease expiry comes from the database clock as of this
--- statement, not of the transaction's BEGIN one round trip earlier.
+-- statement, not of the transaction's BEGIN one round trip earlier. The attempt gets no row of
+-- its own until it ends: while it runs, the job's lease columns and claimed_at are its record.
 WITH candidates AS (
     {candidates}
 ), claimed AS (
@@ -13,6 +14,7 @@ WITH candidates AS (
         lease_token = gen_random_uuid(),
         lease_expires_at = statement_timestamp() + make_interval(secs => j.lease_seconds),
         heartbeat_at = statement_timestamp(),
+        claimed_at = statement_timestamp(),
         started_at = COALESCE(j.started_at, statement_timestamp()),
         updated_at = statement_timestamp()
     FROM candidates AS c
@@ -21,18 +23,12 @@ WITH candidates AS (
               j.snoozes, j.deadline, j.lease_seconds, j.lease_token, j.lease_expires_at,
               j.trace_id, j.queue, j.priority, j.created_at, j.run_at, j.scheduled_at,
               j.lease_owner, j.timeout_seconds, j.traceparent
-), recorded AS (
-    INSERT INTO pgjobs_attempt (job_id, number, worker_id, lease_token, claimed_at, outcome,
-                                reported_outcome, failure_class, error, traceback)
-    SELECT id, attempts, lease_owner, lease_token, statement_timestamp(), 'running',
-           '', '', '', ''
-    FROM claimed
 )
 -- The result's columns are named after the fields of claimed.ClaimedJob, which reads them by
 -- name. Times as whole microseconds since the epoch (the _us columns): exact, and the worker
 -- turns an integer into a datetime for a fraction of what parsing timestamptz text costs.
 SELECT id, task, payload_version, payload, attempts AS attempt, max_attempts, snoozes,
-       (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, lease_seconds,
+       (extract(epoch FROM deadline) * 1000000)::int8 AS deadline_us, lease_seconds, lease_owner,
        lease_token, (extract(epoch FROM lease_expires_at) * 1000000)::int8 AS lease_expires_at_us,
        trace_id, queue, priority, (extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us,
        (extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us, timeout_seconds,
@@ -42,10 +38,10 @@ ORDER BY priority DESC, run_at, id
 
 -- name: settle_jobs
 -- One fenced statement for a whole batch of outcomes. A job row changes only while it is still
--- running under the reported lease token; an outcome whose token no longer matches is written
--- to its own attempt as 'lost' and nowhere else. A job an operator asked to stop never goes
--- back to waiting: an outcome that would retry, release or snooze it ends it cancelled. Times
--- are the statement's, like the claim's: sent inside a longer transaction (a test's,
+-- running under the reported lease token; an outcome whose token no longer matches is recorded
+-- on its own attempt as 'lost' and changes nothing else. A job an operator asked to stop never
+-- goes back to waiting: an outcome that would retry, release or snooze it ends it cancelled.
+-- Times are the statement's, like the claim's: sent inside a longer transaction (a test's,
 -- django_pgjobs.testing.drain), now() would be that transaction's start, before the attempt
 -- was even claimed.
 WITH reported AS (
@@ -53,9 +49,10 @@ WITH reported AS (
     -- fields of outcomes.Outcome of the same names (transitions.settle builds them).
     SELECT *
     FROM jsonb_to_recordset(%s::jsonb) AS r(
-        job_id bigint, lease_token uuid, status text, attempt_outcome text,
-        delay_seconds float8, counted boolean, adds_snooze boolean, failure_class text,
-        terminal_reason text, error text, traceback text, result_json text, duration_ms int
+        job_id bigint, lease_token uuid, attempt int, worker_id text, status text,
+        attempt_outcome text, delay_seconds float8, counted boolean, adds_snooze boolean,
+        failure_class text, terminal_reason text, error text, traceback text, result_json text,
+        duration_ms int
     )
 ), settled AS (
     UPDATE pgjobs_job AS j
@@ -84,32 +81,44 @@ WITH reported AS (
         updated_at = statement_timestamp()
     FROM reported AS r
     WHERE j.id = r.job_id AND j.lease_token = r.lease_token AND j.status = 'running'
-    RETURNING r.lease_token, j.status
+    RETURNING r.lease_token, j.status, j.claimed_at
 )
--- Matched on the token, not the job: one batch can hold a stale report and the winning report
--- for the same job (a handler ran past its lease and the retry finished before the flush).
-UPDATE pgjobs_attempt AS a
-SET finished_at = statement_timestamp(),
-    outcome = CASE WHEN s.lease_token IS NULL THEN 'lost'
-                   -- A pending cancel ended the job: the attempt says so, and reported_outcome
-                   -- keeps what the handler said.
-                   WHEN s.status = 'cancelled' THEN 'cancelled'
-                   ELSE r.attempt_outcome END,
-    reported_outcome = r.attempt_outcome,
-    failure_class = r.failure_class,
-    error = r.error,
-    traceback = r.traceback,
-    duration_ms = r.duration_ms
+-- Each attempt's row is written here, once, now that its outcome is known. Matched on the
+-- token, not the job: one batch can hold a stale report and the winning report for the same
+-- job (a handler ran past its lease and the retry finished before the flush).
+INSERT INTO pgjobs_attempt AS a (job_id, number, worker_id, lease_token, claimed_at, finished_at,
+                                 outcome, reported_outcome, failure_class, error, traceback,
+                                 duration_ms)
+SELECT r.job_id, r.attempt, r.worker_id, r.lease_token,
+       COALESCE(s.claimed_at, statement_timestamp()), statement_timestamp(),
+       CASE WHEN s.lease_token IS NULL THEN 'lost'
+            -- A pending cancel ended the job: the attempt says so, and reported_outcome keeps
+            -- what the handler said.
+            WHEN s.status = 'cancelled' THEN 'cancelled'
+            ELSE r.attempt_outcome END,
+       r.attempt_outcome, r.failure_class, r.error, r.traceback, r.duration_ms
 FROM reported AS r
 LEFT JOIN settled AS s ON s.lease_token = r.lease_token
--- An attempt already settled stays as it is: a batch sent again after its reply was lost (the
--- connection dropped after the commit) must not turn an applied report into a lost one. An
--- attempt taken over (lease expired, timed out, cancelled) records the holder's late report
--- as lost.
-WHERE a.lease_token = r.lease_token
-  AND a.lease_token = ANY (ARRAY(SELECT lease_token FROM reported))
-  AND a.outcome IN ('running', 'lease_expired', 'timed_out', 'cancelled')
-RETURNING r.lease_token, s.lease_token IS NOT NULL AS applied
+-- A late report about a job that is gone (pruned) has nothing left to be recorded against. A
+-- scalar subquery, not EXISTS: it probes the primary key for that report alone, where EXISTS may
+-- be planned as a hash of every job id.
+WHERE s.lease_token IS NOT NULL OR (SELECT true FROM pgjobs_job AS g WHERE g.id = r.job_id)
+-- The token has a row already when its attempt was taken over (lease expired, timed out,
+-- cancelled): the holder's late report is recorded on it as lost. A row settled otherwise
+-- stays as it is: a batch sent again after its reply was lost (the connection dropped after
+-- the commit) must not turn an applied report into a lost one. A running row is one an earlier
+-- version wrote at claim time; it is completed like a new one. The conflict waits for a
+-- concurrent rescue of the same token to commit, so its row is never missed.
+ON CONFLICT (lease_token) DO UPDATE
+SET finished_at = EXCLUDED.finished_at,
+    outcome = EXCLUDED.outcome,
+    reported_outcome = EXCLUDED.reported_outcome,
+    failure_class = EXCLUDED.failure_class,
+    error = EXCLUDED.error,
+    traceback = EXCLUDED.traceback,
+    duration_ms = EXCLUDED.duration_ms
+WHERE a.outcome IN ('running', 'lease_expired', 'timed_out', 'cancelled')
+RETURNING a.lease_token, a.outcome <> 'lost' AS applied
 
 -- name: extend_leases
 -- A heartbeat extends from the statement's time: a handler may send it inside its own transaction.

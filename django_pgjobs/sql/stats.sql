@@ -54,13 +54,17 @@ GROUP BY queue
 
 -- name: stats_attempt_numbers
 -- The most recent claims in the window, newest first along the claimed_at index, capped so a
--- busy hour costs the same as a quiet one.
+-- busy hour costs the same as a quiet one. Running attempts have no row yet: they are the
+-- running jobs (a few, through the lease index).
 SELECT number, count(*)
 FROM (
-    SELECT number FROM pgjobs_attempt
-    WHERE claimed_at >= now() - make_interval(secs => %s)
-    ORDER BY claimed_at DESC
-    LIMIT %s
+    (SELECT number FROM pgjobs_attempt
+     WHERE claimed_at >= now() - make_interval(secs => %(window)s)
+     ORDER BY claimed_at DESC
+     LIMIT %(cap)s)
+    UNION ALL
+    SELECT attempts FROM pgjobs_job
+    WHERE status = 'running' AND claimed_at >= now() - make_interval(secs => %(window)s)
 ) AS recent
 GROUP BY number
 ORDER BY number
@@ -85,10 +89,14 @@ ORDER BY j.task
 -- From a job's first claim back to the time it became due. A retry or a snooze moves run_at,
 -- and an operator's retry resets it, so only jobs whose run_at is still the original count.
 WITH recent AS (
-    SELECT job_id, claimed_at FROM pgjobs_attempt
-    WHERE claimed_at >= now() - make_interval(secs => %s) AND number = 1
-    ORDER BY claimed_at DESC
-    LIMIT %s
+    (SELECT job_id, claimed_at FROM pgjobs_attempt
+     WHERE claimed_at >= now() - make_interval(secs => %(window)s) AND number = 1
+     ORDER BY claimed_at DESC
+     LIMIT %(cap)s)
+    UNION ALL
+    SELECT id, claimed_at FROM pgjobs_job
+    WHERE status = 'running' AND attempts = 1
+      AND claimed_at >= now() - make_interval(secs => %(window)s)
 ), waits AS (
     SELECT j.queue, extract(epoch FROM r.claimed_at - j.run_at)::float8 AS seconds
     FROM recent AS r

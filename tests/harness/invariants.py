@@ -34,9 +34,9 @@ SETTLED_BY_HOLDER = {
 UNCOUNTED_CLASSES = {FailureClass.UNKNOWN_TASK, FailureClass.UNSUPPORTED_VERSION}
 # Main-loop tick (0.25 s), process scheduling on a busy host, the claim and the handler's start.
 SCHEDULING_SLACK_SECONDS = 1.5
-# Attempt.claimed_at is the claim transaction's now(): the time of its BEGIN, a round trip
-# before the claim statement found the row ready. A claim that followed a settlement can
-# therefore be stamped a little before the settlement's own now().
+# Attempt.claimed_at is the claim statement's time, taken as it starts: before it found the row
+# ready, and before a settlement that it waited on had committed. A claim that followed a
+# settlement can therefore be stamped a little before the settlement's own time.
 CLAIM_TIMESTAMP_SKEW = timedelta(seconds=0.25)
 
 
@@ -68,6 +68,14 @@ class Snapshot:
         attempts: dict[int, list[Attempt]] = defaultdict(list)
         for attempt in Attempt.objects.order_by("claimed_at", "id"):
             attempts[attempt.job_id].append(attempt)
+        for job in jobs.values():
+            # A running attempt's row is written when it ends: until then the job is its record.
+            if job.status == JobStatus.RUNNING and not any(
+                    a.lease_token == job.lease_token for a in attempts[job.pk]):
+                attempts[job.pk].append(Attempt(
+                    job=job, number=job.attempts, worker_id=job.lease_owner,
+                    lease_token=job.lease_token, claimed_at=job.claimed_at,
+                    outcome=AttemptOutcome.RUNNING))
         runs: dict[int, list[Run]] = defaultdict(list)
         for run in Run.objects.order_by("started_at", "id"):
             runs[run.job_id].append(run)
@@ -159,7 +167,7 @@ def leases_never_overlap(snap: Snapshot) -> Check:
     return _check("no job was leased to two workers at once", problems,
                   f"{compared} attempts on {len(snap.attempts)} jobs; {close} claims stamped "
                   f"less than {CLAIM_TIMESTAMP_SKEW.total_seconds():g}s before the previous "
-                  "lease's end (the claim's timestamp is its transaction's start)")
+                  "lease's end (the claim's timestamp is its statement's start)")
 
 
 def runs_never_overlap(snap: Snapshot) -> Check:

@@ -63,8 +63,8 @@ class Context:
 def running_jobs(worker_id: str) -> list[int]:
     """Jobs with a running attempt held by ``worker_id``."""
     return db.retrying(lambda: list(
-        Attempt.objects.filter(worker_id=worker_id, outcome=AttemptOutcome.RUNNING)
-        .values_list("job_id", flat=True)
+        Job.objects.filter(status=JobStatus.RUNNING, lease_owner=worker_id)
+        .values_list("id", flat=True)
     ))
 
 
@@ -233,7 +233,7 @@ def restart_database(ctx: Context, origin: str) -> None:
     before = [m.worker_id for m in ctx.pool.running()]
     at = db.db_now()
     interrupted = db.retrying(lambda: list(
-        Attempt.objects.filter(outcome=AttemptOutcome.RUNNING).values_list("job_id", flat=True)
+        Job.objects.filter(status=JobStatus.RUNNING).values_list("id", flat=True)
     ))
     db.reconnect()
     down = ctx.server.restart(OUTAGE_SECONDS)
