@@ -22,7 +22,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 @dataclass(slots=True)
 class ClaimedJob:
-    """A job as the claim returned it, owned by this worker until settled."""
+    """A job as the claim returned it, owned by this worker until settled.
+
+    Its times are kept as the claim sent them, whole microseconds since the epoch (the ``_us``
+    fields), and become datetimes only when asked for: most jobs never need one.
+    """
 
     id: int
     task: str
@@ -31,28 +35,60 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     snoozes: int
-    deadline: datetime | None
+    deadline_us: int | None
     lease_seconds: int
     lease_token: uuid.UUID
     lease_owner: str  # this worker's id, as the claim wrote it
-    lease_expires_at: datetime
+    lease_expires_at_us: int
     trace_id: str
     queue: str
     priority: int
-    created_at: datetime
-    run_at: datetime | None = None  # when the job became due; pickup latency starts here
+    created_at_us: int
+    run_at_us: int | None = None  # when the job became due; pickup latency starts here
     # The worker settles it as timed out once its handler has run this long (None: never).
     timeout_seconds: float | None = None
     # A schedule's job: the tick's intended time (None for jobs enqueued otherwise).
-    scheduled_at: datetime | None = None
+    scheduled_at_us: int | None = None
     # The enqueue span's W3C traceparent (django_pgjobs.tracing links the attempt's span to it).
     traceparent: str | None = None
-    # This process's clock when the lease was last taken or extended.
+    # This process's clock when the claim returned; and when the lease was last taken or
+    # extended (a heartbeat moves it, not the other).
     claimed_monotonic: float = field(default_factory=time.monotonic)
+    leased_monotonic: float = field(default_factory=time.monotonic)
+
+    @property
+    def deadline(self) -> datetime | None:
+        return None if self.deadline_us is None else from_epoch_us(self.deadline_us)
+
+    @property
+    def lease_expires_at(self) -> datetime:
+        """When the lease taken at the claim expires (a heartbeat extends it in the database)."""
+        return from_epoch_us(self.lease_expires_at_us)
+
+    @property
+    def claimed_at(self) -> datetime:
+        """The claim's database time: its lease runs lease_seconds from then."""
+        return from_epoch_us(self.claimed_at_us)
+
+    @property
+    def claimed_at_us(self) -> int:
+        return self.lease_expires_at_us - self.lease_seconds * 1_000_000
+
+    @property
+    def created_at(self) -> datetime:
+        return from_epoch_us(self.created_at_us)
+
+    @property
+    def run_at(self) -> datetime | None:
+        return None if self.run_at_us is None else from_epoch_us(self.run_at_us)
+
+    @property
+    def scheduled_at(self) -> datetime | None:
+        return None if self.scheduled_at_us is None else from_epoch_us(self.scheduled_at_us)
 
     def lease_left_seconds(self) -> float:
         """Lease time left by this process's monotonic clock (the database's may be ahead)."""
-        return self.lease_seconds - (time.monotonic() - self.claimed_monotonic)
+        return self.lease_seconds - (time.monotonic() - self.leased_monotonic)
 
     def too_late_to_start(self) -> bool:
         """Whether waiting its turn used half the lease: start it now and it may outlive it.
@@ -63,12 +99,18 @@ class ClaimedJob:
 
     def lease_renewed(self) -> None:
         """The lease was extended just now (a heartbeat): count its time from here."""
-        self.claimed_monotonic = time.monotonic()
+        self.leased_monotonic = time.monotonic()
+
+    def database_now_us(self) -> int:
+        """The database clock now, from the claim's time and this process's elapsed time."""
+        return self.claimed_at_us + int((time.monotonic() - self.claimed_monotonic) * 1_000_000)
 
     def database_now(self) -> datetime:
-        """The database clock now, from the lease's start and this process's elapsed time."""
-        leased_at = self.lease_expires_at - timedelta(seconds=self.lease_seconds)
-        return leased_at + timedelta(seconds=time.monotonic() - self.claimed_monotonic)
+        return from_epoch_us(self.database_now_us())
+
+    def past_deadline(self) -> bool:
+        """Whether the database clock has reached the job's deadline (never, without one)."""
+        return self.deadline_us is not None and self.database_now_us() >= self.deadline_us
 
 
 def from_epoch_us(microseconds: int) -> datetime:
@@ -78,11 +120,12 @@ def from_epoch_us(microseconds: int) -> datetime:
 def claimed_jobs(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
     """The jobs of a claim's result, read by the names of its ``columns``."""
     read = _reader(tuple(columns))
-    return [read(row) for row in rows]
+    now = time.monotonic()
+    return [read(row, now) for row in rows]
 
 
 @cache
-def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
+def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any], float], ClaimedJob]:
     # Built once per column list: finding each field's position by name costs nothing per row.
     at = {name: index for index, name in enumerate(columns)}
     wanted = ("id", "task", "payload_version", "payload", "attempt", "max_attempts", "snoozes",
@@ -94,25 +137,17 @@ def _reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
         raise LookupError(f"the claim's result lacks column(s) {', '.join(missing)}")
     (i_id, i_task, i_version, i_payload, i_attempt, i_max, i_snoozes, i_deadline, i_lease,
      i_token, i_owner, i_expires, i_trace, i_queue, i_priority, i_created, i_run_at, i_timeout,
-     i_scheduled, i_parent) = (
-        at[name] for name in wanted)
+     i_scheduled, i_parent) = (at[name] for name in wanted)
     loads = _json_loads
 
-    def read(row: Sequence[Any]) -> ClaimedJob:
-        deadline = row[i_deadline]
-        scheduled = row[i_scheduled]
+    def read(row: Sequence[Any], now: float) -> ClaimedJob:
+        # Positional, in the fields' order: a keyword call costs more than the rest of the row.
         return ClaimedJob(
-            id=row[i_id], task=row[i_task], payload_version=row[i_version],
-            payload=loads(row[i_payload]), attempt=row[i_attempt], max_attempts=row[i_max],
-            snoozes=row[i_snoozes],
-            deadline=None if deadline is None else from_epoch_us(deadline),
-            lease_seconds=row[i_lease], lease_token=row[i_token], lease_owner=row[i_owner],
-            lease_expires_at=from_epoch_us(row[i_expires]), trace_id=row[i_trace],
-            queue=row[i_queue], priority=row[i_priority],
-            created_at=from_epoch_us(row[i_created]), run_at=from_epoch_us(row[i_run_at]),
-            timeout_seconds=row[i_timeout],
-            scheduled_at=None if scheduled is None else from_epoch_us(scheduled),
-            traceparent=row[i_parent],
+            row[i_id], row[i_task], row[i_version], loads(row[i_payload]), row[i_attempt],
+            row[i_max], row[i_snoozes], row[i_deadline], row[i_lease], row[i_token],
+            row[i_owner], row[i_expires], row[i_trace], row[i_queue], row[i_priority],
+            row[i_created], row[i_run_at], row[i_timeout], row[i_scheduled], row[i_parent],
+            now, now,  # claimed, and leased, now
         )
 
     return read

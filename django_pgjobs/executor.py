@@ -96,7 +96,7 @@ async def _awaited(awaitable: Any) -> Any:
 
 def _prepare(job: ClaimedJob, started: float) -> tuple[Handler, Any] | Outcome:
     """The handler and the payload it takes, or the outcome of a job that cannot run."""
-    if job.deadline is not None and job.database_now() >= job.deadline:
+    if job.past_deadline():
         return Outcome.dead(job, TerminalReason.DEADLINE_PASSED,
                             "deadline passed before the job ran")
     handler = registry.resolve(job.task)

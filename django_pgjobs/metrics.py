@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
@@ -175,10 +174,8 @@ class WorkerMetrics:
     def on_claim(self, jobs: list[ClaimedJob]) -> None:
         for job in jobs:
             self.claims.labels(job.queue).inc()
-            if job.run_at is not None:
-                # The claim's own database time: its lease runs lease_seconds from then.
-                claimed_at = job.lease_expires_at - timedelta(seconds=job.lease_seconds)
-                waited = (claimed_at - job.run_at).total_seconds()
+            if job.run_at_us is not None:
+                waited = (job.claimed_at_us - job.run_at_us) / 1_000_000
                 self.pickup_latency.labels(job.queue).observe(max(0.0, waited))
 
     def on_settle(self, outcome: Outcome, applied: bool) -> None:
