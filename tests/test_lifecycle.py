@@ -236,9 +236,11 @@ def test_a_handler_that_loops_forever_is_settled_at_its_timeout(start_worker, ta
     worker.signal(signal.SIGTERM)
     assert worker.wait(60) in (0, 1), worker.output()
     if task == "chaos.forever_process":
-        # Each attempt ran in a child process the worker killed, not in the worker itself.
+        # Each attempt ran in a child process the worker killed, not in the worker itself. The
+        # timeout counts from the handover, a fresh child's start-up included: on a busy machine
+        # an attempt can be killed before its handler wrote its run, but never in the worker.
         pids = set(Run.objects.filter(job_id=stuck.pk).values_list("pid", flat=True))
-        assert len(pids) == 2 and worker.pid not in pids
+        assert 1 <= len(pids) <= 2 and worker.pid not in pids
 
 
 @pytest.mark.slow
