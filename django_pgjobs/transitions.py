@@ -7,7 +7,8 @@ Read it top to bottom:
    ``select_for_update(skip_locked=True)``, lease times from the database clock.
 2. ``extend_leases``: a heartbeat; RUNNING stays RUNNING under the same token.
 3. ``settle``: RUNNING -> the state an ``Outcome`` names (``outcomes.WAYS_OUT`` is the list),
-   only while the reporter still holds the lease; a stale report is recorded as lost.
+   only while the reporter still holds the lease; a stale report is recorded as lost. A worker
+   sends its pending settlement with its next claim (``settle_and_claim``).
 4. ``rescue_expired_leases``: RUNNING whose lease expired -> RETRYING or DEAD (the retry policy).
 5. ``promote_due_jobs``: SCHEDULED and RETRYING whose time came -> READY (and
    ``promote_jobs_due_by``, the same as of a given time, for tests).
@@ -33,6 +34,7 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any, NamedTuple
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Exists, F
 from django.db.models.functions import Now
@@ -70,15 +72,51 @@ def claim_jobs(
     A paused queue gives nothing: the statement reads the queue's pause in the same snapshot.
     """
     with transaction.atomic(using=using):
-        text, params, queue_at = _claim_statement(using, limit)
-        params = [*params, worker_id]
-        for at in queue_at:
-            params[at] = queue
+        text, params = _claim_for(worker_id, queue, limit, using)
         with connections[using].cursor() as cursor:
             cursor.execute(text, params)
             columns = [column.name for column in cursor.description]
             rows = cursor.fetchall()
     return claimed_jobs(columns, rows)
+
+
+def settle_and_claim(
+    outcomes: Sequence[Outcome], worker_id: str, queue: str, limit: int, *,
+    using: str = DEFAULT_DB_ALIAS,
+) -> tuple[dict[uuid.UUID, bool], list[ClaimedJob]]:
+    """``settle`` these outcomes, then ``claim_jobs``, in the claim's one short transaction.
+
+    A worker's pending settlement rides with its next claim: one commit for both, and where the
+    connection binds parameters client-side (Django's default) one round trip, the two
+    statements sent as one message. Both commit or neither does. Return what ``settle`` and
+    ``claim_jobs`` return.
+    """
+    if not outcomes:
+        return {}, claim_jobs(worker_id, queue, limit, using=using)
+    reports = _reports(outcomes)
+    settle_text = sql.query("settle_jobs")
+    with transaction.atomic(using=using):
+        text, params = _claim_for(worker_id, queue, limit, using)
+        with connections[using].cursor() as cursor:
+            if isinstance(cursor.cursor, psycopg.ClientCursor):
+                cursor.execute(f"{settle_text};\n{text}", [reports, *params])
+                settled = cursor.fetchall()
+                cursor.nextset()
+            else:  # server-side binding: one statement per message
+                cursor.execute(settle_text, [reports])
+                settled = cursor.fetchall()
+                cursor.execute(text, params)
+            columns = [column.name for column in cursor.description]
+            rows = cursor.fetchall()
+    return _applied(outcomes, settled), claimed_jobs(columns, rows)
+
+
+def _claim_for(worker_id: str, queue: str, limit: int, using: str) -> tuple[str, list[Any]]:
+    text, params, queue_at = _claim_statement(using, limit)
+    params = [*params, worker_id]
+    for at in queue_at:
+        params[at] = queue
+    return text, params
 
 
 def claim_statement(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> str:
@@ -174,6 +212,15 @@ def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dic
     """
     if not outcomes:
         return {}
+    reports = _reports(outcomes)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("settle_jobs"), [reports])
+        rows = cursor.fetchall()
+    return _applied(outcomes, rows)
+
+
+def _reports(outcomes: Sequence[Outcome]) -> str:
+    """The batch as settle_jobs takes it, once every outcome is known to be a way out."""
     for outcome in outcomes:
         problem = outcome.problem()
         if problem is not None:
@@ -182,11 +229,11 @@ def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dic
         raise ValueError("settle refuses a batch that reports one lease twice")
     # One JSON document for the batch: encoding it costs the worker a fraction of adapting a
     # parameter per column, and the server parses it in C.
-    reports = json.dumps([dict(zip(REPORT_FIELDS, _report(o), strict=True)) for o in outcomes],
-                         default=str)
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("settle_jobs"), [reports])
-        rows = cursor.fetchall()
+    return json.dumps([dict(zip(REPORT_FIELDS, _report(o), strict=True)) for o in outcomes],
+                      default=str)
+
+
+def _applied(outcomes: Sequence[Outcome], rows: Sequence[Any]) -> dict[uuid.UUID, bool]:
     applied = {token: bool(was_applied) for token, was_applied in rows}
     return {o.lease_token: applied.get(o.lease_token, False) for o in outcomes}
 
@@ -624,4 +671,5 @@ __all__ = [
     "resume_queue",
     "retry_jobs",
     "settle",
+    "settle_and_claim",
 ]

@@ -6,7 +6,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import DataError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -24,6 +24,7 @@ from django_pgjobs.transitions import (
     rescue_expired_leases,
     retry_jobs,
     settle,
+    settle_and_claim,
 )
 from tests.factories import JobFactory
 
@@ -33,6 +34,12 @@ pytestmark = pytest.mark.django_db
 def succeeded(job, token) -> Outcome:
     outcome = Outcome.succeeded(job, '{"ok": true}', duration_ms=5)
     return replace(outcome, lease_token=token)  # a report under the given (maybe forged) token
+
+
+def statements(queries: CaptureQueriesContext) -> list[str]:
+    """What was sent, without the savepoints a test's own transaction adds around atomic()."""
+    return [q["sql"] for q in queries.captured_queries
+            if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
 
 
 def expire_lease(job_id: int) -> None:
@@ -161,6 +168,51 @@ def test_settle_with_a_made_up_token_leaves_the_job_alone_and_records_the_report
     gone = replace(succeeded(c, uuid.uuid4()), job_id=c.id + 1000)
     assert settle([gone]) == {gone.lease_token: False}
     assert Attempt.objects.count() == 1
+
+
+def test_a_settlement_rides_with_the_next_claim_in_one_message_and_one_transaction() -> None:
+    JobFactory.create_batch(4)
+    held = claim_jobs("w1", "default", 2)
+    claim_jobs("warmup", "default", 1)  # compile and cache the claim's text
+    with CaptureQueriesContext(connection) as queries:
+        applied, claimed = settle_and_claim([succeeded(c, c.lease_token) for c in held],
+                                            "w1", "default", 5)
+    assert applied == {c.lease_token: True for c in held}
+    assert len(claimed) == 1 and claimed[0].lease_owner == "w1"
+    assert len(statements(queries)) == 1  # the settle and the claim, one message
+    assert {j.status for j in Job.objects.filter(pk__in=[c.id for c in held])} == {
+        JobStatus.SUCCEEDED}
+    assert Attempt.objects.filter(outcome=AttemptOutcome.SUCCEEDED).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_settlement_that_cannot_be_stored_fails_its_claim_too_and_changes_nothing() -> None:
+    JobFactory.create_batch(3)
+    [held] = claim_jobs("w1", "default", 1)
+    bad = replace(succeeded(held, held.lease_token), error="a NUL \x00 cannot be stored")
+    with pytest.raises(DataError):
+        settle_and_claim([bad], "w1", "default", 5)
+    assert Job.objects.get(pk=held.id).status == JobStatus.RUNNING
+    assert Job.objects.filter(status=JobStatus.READY).count() == 2
+    assert not Attempt.objects.exists()
+
+
+def test_with_server_side_binding_the_settlement_and_claim_are_two_statements() -> None:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    JobFactory.create_batch(3)
+    [held] = claim_jobs("w1", "default", 1)
+    connection.ensure_connection()
+    raw = connection.connection
+    factory, raw.cursor_factory = raw.cursor_factory, ServerBindingCursor
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            applied, claimed = settle_and_claim([succeeded(held, held.lease_token)],
+                                                "w1", "default", 5)
+    finally:
+        raw.cursor_factory = factory
+    assert applied == {held.lease_token: True} and len(claimed) == 2
+    assert len(statements(queries)) == 2
 
 
 def test_settle_writes_the_attempt_row_once_with_the_claims_facts() -> None:

@@ -240,6 +240,51 @@ def test_a_report_that_cannot_be_stored_does_not_hold_back_the_others() -> None:
     assert stored.last_error == "the worker's report could not be stored"
 
 
+def test_the_next_claim_settles_what_is_pending_in_its_own_transaction() -> None:
+    django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": i}) for i in range(5)])
+    done = claim_jobs("w", "default", 2)
+    worker = Worker(install_signals=False, poll_interval=0.05)
+    for c in done:
+        worker.settler.put(Outcome.succeeded(c, "null", 1))
+    jobs = worker._claim(10)  # the settler thread is not even running
+    assert len(jobs) == 3 and worker.settler.take() == []
+    assert worker.counters.settled == {"succeeded": 2}
+    assert {Job.objects.get(pk=c.id).status for c in done} == {JobStatus.SUCCEEDED}
+
+
+def test_a_claim_that_cannot_store_what_it_took_gives_it_back_to_the_settler() -> None:
+    import time
+
+    from django.db import DataError
+
+    from django_pgjobs.retry import Decision
+    from django_pgjobs.status import FailureClass, TerminalReason
+
+    good, bad = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {}) for _ in range(2)])
+    claimed = {c.id: c for c in claim_jobs("w", "default", 2)}
+    django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": i}) for i in range(3)])
+    worker = Worker(install_signals=False, poll_interval=0.05)
+    worker.settler.put(Outcome.succeeded(claimed[good.pk], "null", 1))
+    worker.settler.put(Outcome.failed(
+        claimed[bad.pk], FailureClass.PERMANENT,
+        Decision(JobStatus.DEAD, None, TerminalReason.PERMANENT_ERROR),
+        error="text PostgreSQL refuses: \x00",
+    ))
+    with pytest.raises(DataError):
+        worker._claim(5)
+    # Nothing was settled or claimed, and no claim takes these again: the settler stores them.
+    assert Job.objects.filter(status=JobStatus.READY).count() == 3
+    assert worker.settler.take() == []
+    worker.settler.start()
+    try:
+        wait_for(lambda: worker.counters.settled.get("dead") == 1, 20)
+    finally:
+        worker.settler.stop(give_up_at=time.monotonic() + 5, timeout=5)
+    assert Job.objects.get(pk=good.pk).status == JobStatus.SUCCEEDED
+    assert Job.objects.get(pk=bad.pk).last_error == "the worker's report could not be stored"
+    assert len(worker._claim(5)) == 3
+
+
 def test_settling_the_same_report_twice_keeps_the_first_record() -> None:
     job = django_pgjobs.enqueue("tests.ok", {})
     [c] = claim_jobs("w", "default", 1)

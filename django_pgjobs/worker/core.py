@@ -37,7 +37,7 @@ from ..maintenance import Periodic, default_steps
 from ..notify import Listener
 from ..outcomes import Outcome
 from ..status import AttemptOutcome
-from ..transitions import claim_jobs, promote_due_jobs, ready_queues
+from ..transitions import claim_jobs, promote_due_jobs, ready_queues, settle_and_claim
 from ..validation import escape_control, queue_problem, whole_number_problem
 from .aio import DEFAULT_ASYNC_CONCURRENCY, AsyncRunner
 from .connections import (
@@ -428,10 +428,22 @@ class Worker:
             connections.close_all()
 
     def _claim(self, limit: int) -> list[ClaimedJob]:
-        for queue in self.rotation.order():
-            jobs = claim_jobs(self.worker_id, queue, limit, using=self.using)
-            if jobs:
-                return jobs
+        # The first claim carries the worker's pending outcomes (settled in its transaction).
+        outcomes = self.settler.take()
+        try:
+            for queue in self.rotation.order():
+                if outcomes:
+                    applied, jobs = settle_and_claim(outcomes, self.worker_id, queue, limit,
+                                                     using=self.using)
+                    settled, outcomes = outcomes, []
+                    self.settler.settled(settled, applied)
+                else:
+                    jobs = claim_jobs(self.worker_id, queue, limit, using=self.using)
+                if jobs:
+                    return jobs
+        finally:
+            if outcomes:
+                self.settler.give_back(outcomes)
         self.rotation.found_nothing()
         return []
 

@@ -1,9 +1,12 @@
 """The settler: one thread that applies a worker's outcomes in batches and sends heartbeats.
 
-Executors hand it outcomes (``put``); it flushes them in one fenced statement when a batch
-fills or the oldest has waited ``flush_seconds``. Jobs whose handlers declared ``heartbeat=True``
-are watched: their leases are extended every third of their length, and the answer goes back to
-the handler's context. It knows nothing of the worker but its config and two callbacks.
+Executors hand it outcomes (``put``). An executor that claims takes what is pending and settles
+it in its claim's transaction (``take``, then ``settled`` or ``give_back``): one round trip and
+one commit for both. What no claim takes in time the settler flushes itself, in one fenced
+statement, once the oldest has waited ``flush_seconds`` (or when four batches wait, the worker
+stops, or a claim gave its outcomes back). Jobs whose handlers declared ``heartbeat=True`` are
+watched: their leases are extended every third of their length, and the answer goes back to the
+handler's context. It knows nothing of the worker but its config and two callbacks.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class Settler(threading.Thread):
         self._stopping = False
         # When stopping, how long a database outage may hold back the last outcomes.
         self._give_up_at = float("inf")
+        # A claim could not settle what it took: this thread settles the pending outcomes next
+        # (a report that cannot be stored must not fail one claim after another).
+        self._settle_here = False
 
     def put(self, outcome: Outcome) -> None:
         with self._cond:
@@ -70,8 +76,37 @@ class Settler(threading.Thread):
                 # An idle settler sleeps up to a second: wake it to time this batch's flush.
                 self._oldest = time.monotonic()
                 self._cond.notify()
-            if len(self._pending) >= self.config.batch:
+            if len(self._pending) >= self._high_water:
                 self._cond.notify()
+
+    @property
+    def _high_water(self) -> int:
+        # Past this many pending, the settler flushes without waiting for a claim to take them.
+        return 4 * self.config.batch
+
+    def take(self) -> list[Outcome]:
+        """The pending outcomes, for an executor to settle with its claim (one per lease token).
+
+        The executor then calls ``settled`` with the answer, or ``give_back`` if it failed.
+        """
+        with self._cond:
+            if not self._pending or self._settle_here or self._stopping:
+                return []
+            return self._take_batch()
+
+    def settled(self, batch: Sequence[Outcome], applied: dict[uuid.UUID, bool]) -> None:
+        """A claim settled ``batch``: report each outcome the database answered for."""
+        for outcome in batch:
+            if outcome.lease_token in applied:
+                self.on_settled(outcome, applied[outcome.lease_token])
+
+    def give_back(self, batch: Sequence[Outcome]) -> None:
+        """A claim failed with ``batch``: nothing of it was stored; this thread settles it."""
+        with self._cond:
+            self._pending[:0] = batch
+            self._oldest = self._oldest or time.monotonic()
+            self._settle_here = True
+            self._cond.notify()
 
     def watch(self, ctx: JobContext) -> None:
         """Heartbeat ``ctx``'s lease every third of its length until ``unwatch``."""
@@ -116,6 +151,7 @@ class Settler(threading.Thread):
                 with self._cond:
                     self._pending[:0] = batch
                     self._oldest = self._oldest or time.monotonic()
+                    self._settle_here = self._settle_here or bool(batch)
                     if self._stopping and time.monotonic() > self._give_up_at:
                         logger.error("settler: giving up on %d outcomes at shutdown; their "
                                      "leases will expire and the jobs will be rescued",
@@ -133,7 +169,8 @@ class Settler(threading.Thread):
                 next_beat = min((due for _, due in self._beats.values()), default=None)
                 ready = bool(self._pending) and (
                     self._stopping
-                    or len(self._pending) >= self.config.batch
+                    or self._settle_here
+                    or len(self._pending) >= self._high_water
                     or now - (self._oldest or now) >= flush_after
                 )
                 if ready or (next_beat is not None and next_beat <= now):
@@ -146,19 +183,24 @@ class Settler(threading.Thread):
                 if next_beat is not None:
                     waits.append(next_beat - now)
                 self._cond.wait(max(0.001, min(waits)))
-            # One report per lease token per statement: a job the worker took over (timeout,
-            # cancel) may have its handler's late report queued behind the takeover. The later
-            # one waits for the next flush, so it finds the takeover applied and is lost.
-            batch: list[Outcome] = []
-            rest: list[Outcome] = []
-            tokens: set[uuid.UUID] = set()
-            for outcome in self._pending:
-                (rest if outcome.lease_token in tokens else batch).append(outcome)
-                tokens.add(outcome.lease_token)
-            self._pending = rest
-            self._oldest = time.monotonic() if rest else None
+            batch = self._take_batch()
+            self._settle_here = False
             beats = [ctx for ctx, due in self._beats.values() if due <= time.monotonic()]
         return batch, beats
+
+    def _take_batch(self) -> list[Outcome]:
+        # Under the lock. One report per lease token per statement: a job the worker took over
+        # (timeout, cancel) may have its handler's late report queued behind the takeover. The
+        # later one waits for the next statement, so it finds the takeover applied and is lost.
+        batch: list[Outcome] = []
+        rest: list[Outcome] = []
+        tokens: set[uuid.UUID] = set()
+        for outcome in self._pending:
+            (rest if outcome.lease_token in tokens else batch).append(outcome)
+            tokens.add(outcome.lease_token)
+        self._pending = rest
+        self._oldest = time.monotonic() if rest else None
+        return batch
 
     def flush(self, batch: Sequence[Outcome]) -> None:
         """Settle ``batch`` now (raises DatabaseError when the database is away)."""
@@ -170,9 +212,7 @@ class Settler(threading.Thread):
             # Not a lost connection: something in one report cannot be stored. Retrying the
             # batch would fail forever and hold back every other settlement of this worker.
             applied = self._settle_one_by_one(batch, exc)
-        for outcome in batch:
-            if outcome.lease_token in applied:
-                self.on_settled(outcome, applied[outcome.lease_token])
+        self.settled(batch, applied)
 
     def _settle_one_by_one(
         self, batch: Sequence[Outcome], exc: DatabaseError
