@@ -16,13 +16,42 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 def claim_in_autocommit(
     worker_id: str, queue: str, limit: int, *, using: str = DEFAULT_DB_ALIAS
 ) -> list[Any]:
-    """``claim_jobs`` without its BEGIN and COMMIT: the claim is one statement, atomic alone.
-
-    Django only compiles the locking subquery inside a transaction, so the first claim of each
-    batch size compiles it in one; every later claim sends the cached text in autocommit.
-    """
-    from django_pgjobs import transitions
+    """``claim_jobs`` without its BEGIN and COMMIT: the claim is one statement, atomic alone."""
     from django_pgjobs.claimed import claimed_jobs
+
+    text, params = _claim_text(worker_id, queue, limit, using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(text, params)
+        columns = [column.name for column in cursor.description]
+        rows = cursor.fetchall()
+    return claimed_jobs(columns, rows)
+
+
+def settle_and_claim_in_autocommit(
+    outcomes: Any, worker_id: str, queue: str, limit: int, *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[dict[Any, bool], list[Any]]:
+    """``settle_and_claim`` without BEGIN and COMMIT: PostgreSQL runs a message of several
+    statements as one implicit transaction, so the pair stays atomic in one round trip."""
+    from django_pgjobs import sql, transitions
+    from django_pgjobs.claimed import claimed_jobs
+
+    if not outcomes:
+        return {}, claim_in_autocommit(worker_id, queue, limit, using=using)
+    reports = transitions._reports(outcomes)
+    text, params = _claim_text(worker_id, queue, limit, using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"{sql.query('settle_jobs')};\n{text}", [reports, *params])
+        settled = cursor.fetchall()
+        cursor.nextset()
+        columns = [column.name for column in cursor.description]
+        rows = cursor.fetchall()
+    return transitions._applied(outcomes, settled), claimed_jobs(columns, rows)
+
+
+def _claim_text(worker_id: str, queue: str, limit: int, using: str) -> tuple[str, list[Any]]:
+    # Django only compiles the locking subquery inside a transaction, so the first claim of
+    # each batch size compiles it in one; every later claim sends the cached text in autocommit.
+    from django_pgjobs import transitions
 
     key = (using, limit)
     if key not in transitions._claim_sql_cache:
@@ -32,11 +61,7 @@ def claim_in_autocommit(
     params = [*params, worker_id]
     for at in queue_at:
         params[at] = queue
-    with connections[using].cursor() as cursor:
-        cursor.execute(claim_sql, params)
-        columns = [column.name for column in cursor.description]
-        rows = cursor.fetchall()
-    return claimed_jobs(columns, rows)
+    return claim_sql, params
 
 
 def claim_statement_without_pause(
@@ -71,10 +96,14 @@ def claim_statement_without_pause(
 _unpaused_claim_cache: dict[tuple[str, int], tuple[str, list[Any], tuple[int, ...]]] = {}
 
 
+# Each experiment is the patches it applies: (module, attribute, replacement).
 EXPERIMENTS = {
-    "claim_autocommit": ("django_pgjobs.worker.core", "claim_jobs", claim_in_autocommit),
+    "claim_autocommit": (
+        ("django_pgjobs.worker.core", "claim_jobs", claim_in_autocommit),
+        ("django_pgjobs.worker.core", "settle_and_claim", settle_and_claim_in_autocommit),
+    ),
     "claim_without_pause": (
-        "django_pgjobs.transitions", "_claim_statement", claim_statement_without_pause
+        ("django_pgjobs.transitions", "_claim_statement", claim_statement_without_pause),
     ),
 }
 
@@ -86,8 +115,8 @@ def apply_from_environment() -> None:
         return
     import importlib
 
-    module_name, attribute, replacement = EXPERIMENTS[name]
-    module = importlib.import_module(module_name)
-    if not hasattr(module, attribute):
-        raise RuntimeError(f"experiment {name}: {module_name}.{attribute} no longer exists")
-    setattr(module, attribute, replacement)
+    for module_name, attribute, replacement in EXPERIMENTS[name]:
+        module = importlib.import_module(module_name)
+        if not hasattr(module, attribute):
+            raise RuntimeError(f"experiment {name}: {module_name}.{attribute} no longer exists")
+        setattr(module, attribute, replacement)
