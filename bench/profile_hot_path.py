@@ -67,10 +67,11 @@ def round_trips() -> list[list[str]]:
 
     from django_pgjobs import JobSpec, enqueue, enqueue_many
     from django_pgjobs.outcomes import Outcome
-    from django_pgjobs.transitions import claim_jobs, settle
+    from django_pgjobs.transitions import claim_jobs, settle, settle_and_claim
 
     enqueue_many([JobSpec.of("bench.noop", {"n": i}) for i in range(100)])
     claim_jobs("profile-warmup", "default", 10)  # compiles and caches the claim text
+    held = claim_jobs("profile", "default", 10)  # what settle_and_claim settles
     claimed: list[Any] = []
     rows = []
 
@@ -86,13 +87,18 @@ def round_trips() -> list[list[str]]:
         claimed.extend(claim_jobs("profile", "default", 10))
 
     def settle_batch() -> None:
-        settle([Outcome.succeeded(j, "null", 0)
-                for j in claimed])
+        settle([Outcome.succeeded(j, "null", 0) for j in claimed])
+
+    def settle_then_claim() -> None:
+        # What a worker sends per batch: the last batch's outcomes with the next claim.
+        settle_and_claim([Outcome.succeeded(j, "null", 0) for j in held],
+                         "profile", "default", 10)
 
     for label, action in (("enqueue (one job, in transaction.atomic)", single),
                           ("enqueue_many (100 jobs, in transaction.atomic)", bulk),
                           ("claim_jobs (batch 10)", claim),
-                          ("settle (batch of 10 outcomes)", settle_batch)):
+                          ("settle (batch of 10 outcomes)", settle_batch),
+                          ("settle_and_claim (10 outcomes, batch 10)", settle_then_claim)):
         trips, messages = count_round_trips(action)
         rows.append([label, str(trips), str(messages)])
     return rows

@@ -139,6 +139,7 @@ SETTING_RULES: dict[str, Rule] = {
     "PRUNE_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
     "PRUNE_BATCH": _whole(1, 100_000),
     "NOTIFY": bool_problem,
+    "SETTLE_WITH_CLAIM": bool_problem,
     "LISTEN": bool_problem,
     "AGING_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
     "AGING_STEP": _whole(0, PRIORITY_MAX - PRIORITY_MIN),

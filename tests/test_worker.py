@@ -252,6 +252,26 @@ def test_the_next_claim_settles_what_is_pending_in_its_own_transaction() -> None
     assert {Job.objects.get(pk=c.id).status for c in done} == {JobStatus.SUCCEEDED}
 
 
+def test_with_settle_with_claim_off_the_settler_sends_each_full_batch_itself() -> None:
+    import time
+
+    from django.test import override_settings
+
+    django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": i}) for i in range(5)])
+    done = claim_jobs("w", "default", 2)
+    with override_settings(PGJOBS_SETTLE_WITH_CLAIM=False):
+        worker = Worker(install_signals=False, poll_interval=0.05, batch_size=2)
+    for c in done:
+        worker.settler.put(Outcome.succeeded(c, "null", 1))
+    assert worker.settler.take() == []
+    assert len(worker._claim(10)) == 3 and worker.counters.settled == {}
+    worker.settler.start()
+    try:
+        wait_for(lambda: worker.counters.settled == {"succeeded": 2}, 20)
+    finally:
+        worker.settler.stop(give_up_at=time.monotonic() + 5, timeout=5)
+
+
 def test_a_claim_that_cannot_store_what_it_took_gives_it_back_to_the_settler() -> None:
     import time
 

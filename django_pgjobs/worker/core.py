@@ -177,7 +177,8 @@ class Worker:
         self.outage = Outage()
         self.settler = Settler(
             SettlerConfig(using=using, worker_id=self.worker_id, batch=batch_size * concurrency,
-                          flush_seconds=float(settings.SETTLE_FLUSH_SECONDS)),
+                          flush_seconds=float(settings.SETTLE_FLUSH_SECONDS),
+                          with_claims=bool(settings.SETTLE_WITH_CLAIM)),
             on_settled=self.log_settled, on_database_error=self.counters.add_database_error,
         )
         self.running = RunningJobs(self.settler, worker_id=self.worker_id)

@@ -36,8 +36,11 @@ RECONNECT_MAX_SECONDS = 5.0
 class SettlerConfig:
     using: str
     worker_id: str  # for log lines
-    batch: int  # flush as soon as this many outcomes wait
-    flush_seconds: float  # or when the oldest has waited this long
+    batch: int  # a full batch of outcomes
+    flush_seconds: float  # flush when the oldest has waited this long
+    # Claims take the pending outcomes (``take``); the settler flushes a full batch only once
+    # four are pending. False: it flushes each full batch at once, and ``take`` gives nothing.
+    with_claims: bool = True
 
 
 class Settler(threading.Thread):
@@ -82,7 +85,7 @@ class Settler(threading.Thread):
     @property
     def _high_water(self) -> int:
         # Past this many pending, the settler flushes without waiting for a claim to take them.
-        return 4 * self.config.batch
+        return 4 * self.config.batch if self.config.with_claims else self.config.batch
 
     def take(self) -> list[Outcome]:
         """The pending outcomes, for an executor to settle with its claim (one per lease token).
@@ -90,7 +93,8 @@ class Settler(threading.Thread):
         The executor then calls ``settled`` with the answer, or ``give_back`` if it failed.
         """
         with self._cond:
-            if not self._pending or self._settle_here or self._stopping:
+            if (not self.config.with_claims or not self._pending or self._settle_here
+                    or self._stopping):
                 return []
             return self._take_batch()
 
