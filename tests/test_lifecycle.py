@@ -238,9 +238,10 @@ def test_a_handler_that_loops_forever_is_settled_at_its_timeout(start_worker, ta
     if task == "chaos.forever_process":
         # Each attempt ran in a child process the worker killed, not in the worker itself. The
         # timeout counts from the handover, a fresh child's start-up included: on a busy machine
-        # an attempt can be killed before its handler wrote its run, but never in the worker.
+        # an attempt can be killed before its handler wrote its run (even both), never run in
+        # the worker.
         pids = set(Run.objects.filter(job_id=stuck.pk).values_list("pid", flat=True))
-        assert 1 <= len(pids) <= 2 and worker.pid not in pids
+        assert len(pids) <= 2 and worker.pid not in pids
 
 
 @pytest.mark.slow

@@ -502,6 +502,16 @@ def lifecycle_as_expected(snap: Snapshot, record: RunRecord) -> Check:
         # the cancel is asked, no attempt may start, and the last one ends cancelled.
         job = snap.by_key.get(key)
         attempts = snap.attempts.get(job.pk, []) if job else []
+        if job is not None and job.status == "cancelled" and job.cancel_requested_at is None:
+            # The cancel found it waiting: a fault took its attempt back (the lease expired and
+            # the rescue step retried it) before the cancel came. It ends there: no attempt
+            # may start after the cancel, and none may still be running.
+            after = [a for a in attempts if a.claimed_at > job.finished_at]
+            if after or job.terminal_reason != "operator" or any(
+                    a.outcome == AttemptOutcome.RUNNING for a in attempts):
+                problems.append(f"{key}: cancelled while waiting, but {len(after)} attempts "
+                                f"started after it; reason {job.terminal_reason!r}")
+            continue
         asked = job.cancel_requested_at if job else None
         late = [a for a in attempts if asked is not None and a.claimed_at > asked]
         last = attempts[-1].outcome if attempts else None
