@@ -53,15 +53,10 @@ def _claim_text(worker_id: str, queue: str, limit: int, using: str) -> tuple[str
     # each batch size compiles it in one; every later claim sends the cached text in autocommit.
     from django_pgjobs import transitions
 
-    key = (using, limit)
-    if key not in transitions._claim_sql_cache:
+    if (using, limit) not in transitions._claim_sql_cache:
         with transaction.atomic(using=using):
             transitions._claim_statement(using, limit)
-    claim_sql, params, queue_at = transitions._claim_sql_cache[key]
-    params = [*params, worker_id]
-    for at in queue_at:
-        params[at] = queue
-    return claim_sql, params
+    return transitions._claim_for(worker_id, queue, limit, using)
 
 
 def claim_statement_without_pause(
