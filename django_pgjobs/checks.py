@@ -111,6 +111,13 @@ def _tracing(value: Any) -> str | None:
     return None
 
 
+def _prepared_statements(value: Any) -> str | None:
+    if value is not None and not isinstance(value, bool):
+        return ("must be None (prepare except where DISABLE_SERVER_SIDE_CURSORS is set), True "
+                f"or False, got {shown(value)}")
+    return None
+
+
 # Every setting and its rule, in conf.py's order; a test fails when a setting has no rule.
 SETTING_RULES: dict[str, Rule] = {
     "QUEUE": queue_problem,
@@ -140,6 +147,7 @@ SETTING_RULES: dict[str, Rule] = {
     "PRUNE_BATCH": _whole(1, 100_000),
     "NOTIFY": bool_problem,
     "SETTLE_WITH_CLAIM": bool_problem,
+    "PREPARED_STATEMENTS": _prepared_statements,
     "LISTEN": bool_problem,
     "AGING_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
     "AGING_STEP": _whole(0, PRIORITY_MAX - PRIORITY_MIN),

@@ -31,6 +31,10 @@ DEFAULT_SETTLE_FLUSH_SECONDS = 0.05
 # server); False: the settler thread sends every full batch itself, beside the next claim (a
 # lone worker on an otherwise idle server drains faster so, at twice the commits).
 DEFAULT_SETTLE_WITH_CLAIM = True
+# The claim and the settle are prepared once per connection (prepared.py): None on every database
+# but those whose settings say DISABLE_SERVER_SIDE_CURSORS (a pooler in transaction mode) or
+# that bind parameters server-side; True or False for all of them.
+DEFAULT_PREPARED_STATEMENTS: bool | None = None
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
 # How often a worker asks whether an operator cancelled one of its running jobs.
 DEFAULT_CANCEL_CHECK_SECONDS = 0.5

@@ -23,6 +23,7 @@ from .periodic import enqueue_due_ticks
 from .status import JobStatus
 from .transitions import (
     claim_jobs,
+    prepare_worker_statements,
     promote_due_jobs,
     raise_waiting_priorities,
     ready_queues,
@@ -38,6 +39,8 @@ SCANS = ("Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Tid S
 DEFAULT_MAX_ROWS_FACTOR = 4.0
 # A sequential scan is the right plan for a table this small, and no sign of a missing index.
 SMALL_TABLE_ROWS = 10_000
+# The statements workers prepare (transitions.prepare_worker_statements).
+PREPARED = frozenset({"claim", "settle"})
 _EXPLAIN = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
 _TRANSACTION_CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
 
@@ -151,11 +154,28 @@ def explain(
         raise ValueError("batch must be at least 1")
     with transaction.atomic(using=using):
         try:
+            generic = name in PREPARED and _generic_plans(batch, using)
             plan = _RUNNERS[name](queue, batch, using)
             sizes = _table_sizes(using)
         finally:
             transaction.set_rollback(True, using=using)
-    return _check(query, batch, plan, sizes, max_rows_factor)
+    report = _check(query, batch, plan, sizes, max_rows_factor)
+    if generic:
+        report.notes.append("the generic plan of the prepared statement workers execute")
+    return report
+
+
+def _generic_plans(batch: int, using: str) -> bool:
+    """Where workers prepare the claim and the settle, explain the plan they settle on.
+
+    PostgreSQL tries custom plans for a prepared statement's first five executions, then keeps
+    a generic one if it looks no dearer: forcing the generic plan checks the one that lasts.
+    """
+    if not prepare_worker_statements(batch, using=using):
+        return False
+    with connections[using].cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    return True
 
 
 def _check(

@@ -34,12 +34,11 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Exists, F
 from django.db.models.functions import Now
 
-from . import sql
+from . import prepared, sql
 from .claimed import ClaimedJob, claimed_jobs
 from .conf import settings
 from .enqueuing import JobSpec, enqueue_many
@@ -72,11 +71,7 @@ def claim_jobs(
     A paused queue gives nothing: the statement reads the queue's pause in the same snapshot.
     """
     with transaction.atomic(using=using):
-        text, params = _claim_for(worker_id, queue, limit, using)
-        with connections[using].cursor() as cursor:
-            cursor.execute(text, params)
-            columns = [column.name for column in cursor.description]
-            rows = cursor.fetchall()
+        [(columns, rows)] = prepared.run(using, [_claim_call(worker_id, queue, limit, using)])
     return claimed_jobs(columns, rows)
 
 
@@ -94,21 +89,45 @@ def settle_and_claim(
     if not outcomes:
         return {}, claim_jobs(worker_id, queue, limit, using=using)
     reports = _reports(outcomes)
-    settle_text = sql.query("settle_jobs")
     with transaction.atomic(using=using):
-        text, params = _claim_for(worker_id, queue, limit, using)
-        with connections[using].cursor() as cursor:
-            if isinstance(cursor.cursor, psycopg.ClientCursor):
-                cursor.execute(f"{settle_text};\n{text}", [reports, *params])
-                settled = cursor.fetchall()
-                cursor.nextset()
-            else:  # server-side binding: one statement per message
-                cursor.execute(settle_text, [reports])
-                settled = cursor.fetchall()
-                cursor.execute(text, params)
-            columns = [column.name for column in cursor.description]
-            rows = cursor.fetchall()
+        (_, settled), (columns, rows) = prepared.run(using, [
+            (_SETTLE, [reports]), _claim_call(worker_id, queue, limit, using)])
     return _applied(outcomes, settled), claimed_jobs(columns, rows)
+
+
+def _claim_call(
+    worker_id: str, queue: str, limit: int, using: str
+) -> tuple[prepared.Statement, list[Any]]:
+    """The claim as a statement whose only parameters are the queue and the worker.
+
+    Its other values (the ``status = 'ready'`` the partial index is defined by) are written
+    into its text, so that a prepared statement's generic plan can still use that index.
+    """
+    cached = _claim_prepared.get((using, limit))
+    if cached is None:
+        text = claim_statement(limit, using=using)
+        cached = (prepared.Statement(f"claim{limit}", text), text.count("%s") - 1)
+        _claim_prepared[(using, limit)] = cached
+    statement, queues = cached
+    return statement, [*[queue] * queues, worker_id]
+
+
+def prepare_worker_statements(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Prepare the claim of ``limit`` and the settle now, where they are prepared at all.
+
+    Return whether they are: then ``claim_jobs`` and ``settle`` send only their ``EXECUTE``
+    for the next while (``explain`` reads the plans of exactly those).
+    """
+    if not prepared.enabled(using):
+        return False
+    with transaction.atomic(using=using):
+        claim, _ = _claim_call("", "", limit, using)
+    prepared.prepare(using, [claim, _SETTLE])
+    return True
+
+
+# Per (database, limit): the claim and how many of its parameters name the queue.
+_claim_prepared: dict[tuple[str, int], tuple[prepared.Statement, int]] = {}
 
 
 def _claim_for(worker_id: str, queue: str, limit: int, using: str) -> tuple[str, list[Any]]:
@@ -212,11 +231,11 @@ def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dic
     """
     if not outcomes:
         return {}
-    reports = _reports(outcomes)
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("settle_jobs"), [reports])
-        rows = cursor.fetchall()
+    [(_, rows)] = prepared.run(using, [(_SETTLE, [_reports(outcomes)])])
     return _applied(outcomes, rows)
+
+
+_SETTLE = prepared.Statement("settle", sql.query("settle_jobs"))
 
 
 def _reports(outcomes: Sequence[Outcome]) -> str:

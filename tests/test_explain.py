@@ -17,6 +17,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_pgjobs import sql
@@ -154,14 +155,22 @@ def test_the_history_is_as_large_as_the_plans_claim(history: None) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("prepare", "queue_cond"), [
+    # Prepared, the plan is the generic one: the queue is a parameter, status = 'ready' is not.
+    (None, "((queue)::text = $2)"),
+    (False, "((queue)::text = 'q3'::text)"),
+])
 def test_the_claim_reads_its_batch_through_the_claim_index_and_nothing_else(
-    history: None,
+    history: None, prepare: bool | None, queue_cond: str,
 ) -> None:
-    report = explain("claim", queue="q3", batch=10)
+    with override_settings(PGJOBS_PREPARED_STATEMENTS=prepare):
+        report = explain("claim", queue="q3", batch=10)
     assert report.ok, report.render()
+    generic = "the generic plan of the prepared statement workers execute"
+    assert (generic in report.notes) is (prepare is None)
     [scan] = [n for n in report.nodes() if n.get("Index Name") == "pgjobs_job_claim_idx"]
     assert (scan["Node Type"], scan["Actual Rows"], scan["Actual Loops"]) == ("Index Scan", 10, 1)
-    assert scan["Index Cond"] == "((queue)::text = 'q3'::text)"
+    assert scan["Index Cond"] == queue_cond
     assert seq_scanned(report) == set()
     assert not [t for t in node_types(report) if t.startswith("Bitmap")]
     # The candidates through the claim index, then each one again by primary key to update it.
@@ -212,9 +221,11 @@ def test_the_command_explains_the_exact_claim_statement_and_leaves_nothing_behin
     with transaction.atomic(), CaptureQueriesContext(connection) as claimed:
         claim_jobs("pgjobs-explain", "q3", 10)
         transaction.set_rollback(True)
-    [claim_sql] = [q["sql"] for q in claimed.captured_queries if "WITH candidates" in q["sql"]]
-    assert [q["sql"] for q in explained.captured_queries if "WITH candidates" in q["sql"]] == [
-        claim_sql]
+    # The statement workers prepare, explained by name with the values a claim sends.
+    [claim_sql] = [q["sql"] for q in claimed.captured_queries
+                   if q["sql"].startswith("EXECUTE pgjobs_claim10_")]
+    assert [q["sql"] for q in explained.captured_queries
+            if q["sql"].startswith("EXECUTE pgjobs_claim10_")] == [claim_sql]
 
     assert "-> Index Scan using pgjobs_job_claim_idx on pgjobs_job (actual rows=10 loops=1)" in (
         output)

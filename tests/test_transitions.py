@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import DataError, connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -76,8 +77,25 @@ def test_claim_is_one_statement_in_a_short_transaction() -> None:
         claimed = claim_jobs("w1", "default", 5)
     assert len(claimed) == 5
     assert len(queries.captured_queries) <= 3
+    [sent] = [q["sql"] for q in queries.captured_queries if "pgjobs_claim" in q["sql"]]
+    # Prepared on first use: the ORM's select_for_update(skip_locked=True) is in the text the
+    # session holds, and every later claim sends only its name and its values.
+    assert sent.startswith("EXECUTE pgjobs_claim5_") and "'w1'" in sent
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE name = %s",
+                       [sent.split("(")[0].removeprefix("EXECUTE ")])
+        [(text,)] = cursor.fetchall()
+    assert "FOR UPDATE SKIP LOCKED" in text and '"pgjobs_job"."status" = \'ready\'' in text
+
+
+@override_settings(PGJOBS_PREPARED_STATEMENTS=False)
+def test_claim_sent_in_full_where_statements_are_not_prepared() -> None:
+    JobFactory.create_batch(3)
+    with CaptureQueriesContext(connection) as queries:
+        claimed = claim_jobs("w1", "default", 5)
+    assert len(claimed) == 3
     sql = " ".join(q["sql"] for q in queries.captured_queries)
-    assert "FOR UPDATE SKIP LOCKED" in sql
+    assert "FOR UPDATE SKIP LOCKED" in sql and "PREPARE" not in sql and "EXECUTE" not in sql
 
 
 def test_claim_skips_a_row_locked_by_another_connection(other_connection) -> None:

@@ -1,0 +1,247 @@
+"""The worker's hot statements, prepared once per connection and executed by name.
+
+Parsing and planning the claim and the settle costs the server about as much again as running
+them (``docs/benchmarks.md``), on every execution. A prepared statement is planned once: after
+five executions PostgreSQL keeps a generic plan, if it costs no more than the custom ones.
+
+They are SQL-level ``PREPARE`` and ``EXECUTE``, not the protocol's, so that a statement still
+travels in the same simple-protocol message as the others of its transaction (Django binds
+parameters client-side by default): the first use on a connection sends
+``PREPARE name AS ...; EXECUTE name(...)``, every later one only the ``EXECUTE``.
+
+Three things keep a generic plan honest:
+
+- the statement's constants stay in its text (the claim's ``status = 'ready'``), so a generic
+  plan can still use the partial index they select;
+- each connection plans its statements again every ``REPLAN_SECONDS``: a plan made while a
+  table was small cannot outlive the table's growth by longer than that, even where nothing
+  ANALYZEs the table (an ANALYZE invalidates it at once);
+- ``explain.py`` checks the generic plans themselves.
+
+A prepared statement lives in the session, so behind a pooler that hands each transaction a
+different server connection (PgBouncer in transaction mode) it must stay off: it is, by default,
+on a database whose settings say ``DISABLE_SERVER_SIDE_CURSORS`` (what Django asks of such a
+set-up) or that binds parameters server-side. ``PGJOBS_PREPARED_STATEMENTS`` decides otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .conf import settings
+
+logger = logging.getLogger("django_pgjobs.prepared")
+
+REPLAN_SECONDS = 60.0
+# Errors that say a statement this module counted on is not (or already) prepared in the
+# session: someone ran DEALLOCATE or DISCARD, or a pooler moved the session. After this many,
+# the database's statements go back to being sent in full.
+_LOST_SESSION_LIMIT = 3
+_LOST_SESSION_CODES = frozenset({"26000", "42P05"})  # invalid_sql_statement_name, duplicate
+
+_PLACEHOLDER = re.compile(r"%[s%]")
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A statement with ``%s`` placeholders, and the name it is prepared under.
+
+    The name carries a digest of the text: two versions of the library never share a name, and
+    a name in ``pg_prepared_statements`` always means this text.
+    """
+
+    key: str
+    text: str
+    name: str = field(init=False)
+    arity: int = field(init=False)
+    prepare: str = field(init=False)
+    execute: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        numbered, arity = _numbered(self.text)
+        digest = hashlib.sha256(self.text.encode()).hexdigest()[:16]
+        name = f"pgjobs_{self.key}_{digest}"
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "arity", arity)
+        object.__setattr__(self, "prepare", f"PREPARE {name} AS {numbered}")
+        object.__setattr__(self, "execute",
+                           f"EXECUTE {name}({', '.join(['%s'] * arity)})" if arity else
+                           f"EXECUTE {name}")
+
+
+def _numbered(text: str) -> tuple[str, int]:
+    """``text`` with its ``%s`` numbered ``$1, $2, ...`` (``%%`` stays: psycopg unescapes it)."""
+    count = 0
+
+    def number(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group() == "%%":
+            return "%%"
+        count += 1
+        return f"${count}"
+
+    return _PLACEHOLDER.sub(number, text), count
+
+
+@dataclass
+class _Session:
+    """What one session holds: each statement's name and when it was planned."""
+
+    planned_at: dict[str, float] = field(default_factory=dict)
+    known: bool = True  # False after an error: the session is read before it is trusted
+
+
+# Keyed by the psycopg connection, not Django's wrapper of it: a pool hands one connection to
+# one wrapper after another, and its session keeps what was prepared on it.
+_sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
+_lost_sessions: dict[str, int] = {}
+
+
+def enabled(using: str) -> bool:
+    """Whether the hot statements are prepared on database ``using``."""
+    chosen = settings.PREPARED_STATEMENTS
+    if _lost_sessions.get(using, 0) >= _LOST_SESSION_LIMIT:
+        return False
+    database = connections[using].settings_dict
+    binds_server_side = bool(database.get("OPTIONS", {}).get("server_side_binding"))
+    if binds_server_side:
+        # EXECUTE takes its arguments as SQL literals: it cannot carry bound parameters.
+        return False
+    if chosen is None:
+        return not database.get("DISABLE_SERVER_SIDE_CURSORS", False)
+    return bool(chosen)
+
+
+def run(
+    using: str, statements: Sequence[tuple[Statement, Sequence[Any]]]
+) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
+    """Run ``statements`` in order, in one message where the connection allows.
+
+    Return each statement's column names and rows. Prepared where ``enabled``, each is sent as
+    ``EXECUTE`` (preceded, on first use or when due to be planned again, by its ``PREPARE``).
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if not isinstance(cursor.cursor, psycopg.ClientCursor):
+            # Server-side binding: one statement per message, each in full.
+            results = []
+            for statement, params in statements:
+                cursor.execute(statement.text, params)
+                results.append(_result(cursor))
+            return results
+        session = _session(connection, cursor) if enabled(using) else None
+        texts: list[str] = []
+        values: list[Any] = []
+        planned: list[str] = []
+        now = time.monotonic()
+        for statement, params in statements:
+            values.extend(params)
+            if session is None:
+                texts.append(statement.text)
+                continue
+            planned_at = session.planned_at.get(statement.name)
+            if planned_at is None or now - planned_at >= REPLAN_SECONDS:
+                if planned_at is not None:
+                    texts.append(f"DEALLOCATE {statement.name}")
+                texts.append(statement.prepare)
+                planned.append(statement.name)
+            texts.append(statement.execute)
+        try:
+            cursor.execute(";\n".join(texts), values)
+            results = []
+            for index in range(len(statements)):
+                if index:
+                    cursor.nextset()
+                while cursor.description is None:  # a DEALLOCATE's or PREPARE's result
+                    if not cursor.nextset():
+                        raise RuntimeError("a statement gave no result to read")
+                results.append(_result(cursor))
+        except Exception as error:
+            if session is not None:
+                _forget(session, using, error)
+            raise
+    if session is not None:
+        for name in planned:
+            session.planned_at[name] = now
+    return results
+
+
+def _result(cursor: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
+    return [column.name for column in cursor.description], cursor.fetchall()
+
+
+def _session(connection: BaseDatabaseWrapper, cursor: Any) -> _Session:
+    """The session state of ``connection``: read from the server after an error, else kept."""
+    session = _sessions.get(connection.connection)
+    if session is None:
+        session = _sessions[connection.connection] = _Session()
+    if not session.known:
+        # What an interrupted message left prepared (PREPARE outlives a rollback) is what the
+        # server says, with the time of this reading: due to be planned again in a minute.
+        session.planned_at = dict.fromkeys(_held(cursor), time.monotonic())
+        session.known = True
+    return session
+
+
+def _held(cursor: Any) -> list[str]:
+    """The names of this module's statements the server holds in the session."""
+    cursor.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE 'pgjobs\\_%'")
+    return [name for (name,) in cursor.fetchall()]
+
+
+def _forget(session: _Session, using: str, error: BaseException) -> None:
+    session.known = False
+    cause = error.__cause__ if error.__cause__ is not None else error
+    if getattr(cause, "sqlstate", None) in _LOST_SESSION_CODES:
+        count = _lost_sessions[using] = _lost_sessions.get(using, 0) + 1
+        if count == _LOST_SESSION_LIMIT:
+            logger.warning(
+                "prepared statements keep disappearing from the sessions of database %r (is a "
+                "pooler in transaction mode in between?); its statements are sent in full from "
+                "now on: set PGJOBS_PREPARED_STATEMENTS = False, or DISABLE_SERVER_SIDE_CURSORS "
+                "in its settings", using,
+            )
+
+
+def prepare(using: str, statements: Sequence[Statement]) -> None:
+    """Prepare ``statements`` on ``using``'s connection again, now (for plan checks).
+
+    The plans are made under the session's settings and the tables' statistics of this moment,
+    and each statement's next ``run`` sends its ``EXECUTE`` alone.
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        session = _session(connection, cursor)
+        for statement in statements:
+            try:
+                if statement.name in session.planned_at:
+                    cursor.execute(f"DEALLOCATE {statement.name}")
+                    del session.planned_at[statement.name]
+                cursor.execute(statement.prepare.replace("%%", "%"))
+            except Exception as error:
+                _forget(session, using, error)
+                raise
+            session.planned_at[statement.name] = time.monotonic()
+
+
+def reset(using: str) -> None:
+    """Deallocate every statement of this module in ``using``'s session and forget them."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        for name in _held(cursor):
+            cursor.execute(f"DEALLOCATE {name}")
+        _sessions[connection.connection] = _Session()
+
+
+__all__ = ["REPLAN_SECONDS", "Statement", "enabled", "prepare", "reset", "run"]

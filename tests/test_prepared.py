@@ -1,0 +1,167 @@
+"""The hot statements prepared once per session: what is sent, and how a session recovers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+from django.db import DataError, ProgrammingError, connection, connections, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from django_pgjobs import prepared
+from django_pgjobs.models import Job
+from django_pgjobs.prepared import Statement
+from django_pgjobs.status import JobStatus
+from django_pgjobs.transitions import claim_jobs, settle_and_claim
+from tests.factories import JobFactory
+from tests.test_transitions import succeeded
+
+pytestmark = pytest.mark.django_db
+
+ADD_ONE = Statement("test_add_one", "SELECT %s::int + 1 AS n, '100%%' AS share")
+DIVIDE = Statement("test_divide", "SELECT 10 / %s::int AS q")
+
+
+@pytest.fixture(autouse=True)
+def fresh_session(monkeypatch) -> Iterator[None]:
+    """Each test starts from a session that holds none of the library's statements."""
+    monkeypatch.setattr(prepared, "_lost_sessions", {})
+    prepared.reset("default")
+    yield
+    prepared.reset("default")
+
+
+def sent(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def held() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements")
+        return {name for (name,) in cursor.fetchall()}
+
+
+def test_the_first_use_prepares_in_the_same_message_and_later_ones_send_only_execute() -> None:
+    with CaptureQueriesContext(connection) as queries:
+        first = prepared.run("default", [(ADD_ONE, [1])])
+        second = prepared.run("default", [(ADD_ONE, [41])])
+    assert first == [(["n", "share"], [(2, "100%")])]
+    assert second == [(["n", "share"], [(42, "100%")])]
+    assert sent(queries) == [
+        f"PREPARE {ADD_ONE.name} AS SELECT $1::int + 1 AS n, '100%' AS share;\n"
+        f"EXECUTE {ADD_ONE.name}(1)",
+        f"EXECUTE {ADD_ONE.name}(41)",
+    ]
+    assert held() == {ADD_ONE.name}
+
+
+def test_the_name_carries_a_digest_of_the_text() -> None:
+    other = Statement("test_add_one", "SELECT %s::int + 2 AS n")
+    assert ADD_ONE.name.startswith("pgjobs_test_add_one_") and other.name != ADD_ONE.name
+    assert (ADD_ONE.arity, ADD_ONE.execute) == (1, f"EXECUTE {ADD_ONE.name}(%s)")
+
+
+def test_several_statements_go_in_one_message_and_answer_in_order() -> None:
+    prepared.run("default", [(ADD_ONE, [0])])
+    with CaptureQueriesContext(connection) as queries:
+        results = prepared.run("default", [(DIVIDE, [5]), (ADD_ONE, [2])])
+    assert results == [(["q"], [(2,)]), (["n", "share"], [(3, "100%")])]
+    [message] = sent(queries)
+    assert message.startswith(f"PREPARE {DIVIDE.name} AS ") and message.endswith(
+        f"EXECUTE {DIVIDE.name}(5);\nEXECUTE {ADD_ONE.name}(2)")
+
+
+def test_a_statement_is_planned_again_once_its_plan_is_old(monkeypatch) -> None:
+    prepared.run("default", [(ADD_ONE, [1])])
+    monkeypatch.setattr(prepared, "REPLAN_SECONDS", 0.0)
+    with CaptureQueriesContext(connection) as queries:
+        assert prepared.run("default", [(ADD_ONE, [2])]) == [(["n", "share"], [(3, "100%")])]
+    [message] = sent(queries)
+    assert message.startswith(f"DEALLOCATE {ADD_ONE.name};\nPREPARE {ADD_ONE.name} AS ")
+    assert held() == {ADD_ONE.name}
+
+
+def test_after_an_error_the_session_is_read_again_before_it_is_trusted() -> None:
+    # The PREPARE ran, then the EXECUTE failed: the statement outlives the rollback.
+    with pytest.raises(DataError), transaction.atomic():
+        prepared.run("default", [(DIVIDE, [0])])
+    assert held() == {DIVIDE.name}
+    with CaptureQueriesContext(connection) as queries:
+        assert prepared.run("default", [(DIVIDE, [2])]) == [(["q"], [(5,)])]
+    assert [q.split(" ")[0] for q in sent(queries)] == ["SELECT", "EXECUTE"]
+
+
+def test_a_statement_deallocated_behind_its_back_is_prepared_again() -> None:
+    prepared.run("default", [(ADD_ONE, [1])])
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    with pytest.raises(ProgrammingError, match="does not exist"), transaction.atomic():
+        prepared.run("default", [(ADD_ONE, [1])])
+    assert prepared.run("default", [(ADD_ONE, [4])]) == [(["n", "share"], [(5, "100%")])]
+    assert prepared.enabled("default")
+
+
+def test_sessions_that_keep_losing_their_statements_stop_preparing(caplog) -> None:
+    for _ in range(3):
+        prepared.run("default", [(ADD_ONE, [1])])
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+        with pytest.raises(ProgrammingError), transaction.atomic():
+            prepared.run("default", [(ADD_ONE, [1])])
+    assert "pooler in transaction mode" in caplog.text
+    assert [r.levelno for r in caplog.records if r.name == "django_pgjobs.prepared"] == [
+        logging.WARNING]
+    assert not prepared.enabled("default")
+    with CaptureQueriesContext(connection) as queries:
+        assert prepared.run("default", [(ADD_ONE, [6])]) == [(["n", "share"], [(7, "100%")])]
+    assert sent(queries) == ["SELECT 6::int + 1 AS n, '100%' AS share"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_connection_prepares_again() -> None:
+    prepared.run("default", [(ADD_ONE, [1])])
+    connection.close()
+    with CaptureQueriesContext(connection) as queries:
+        prepared.run("default", [(ADD_ONE, [1])])
+    assert sent(queries)[0].startswith(f"PREPARE {ADD_ONE.name} AS ")
+
+
+@pytest.mark.parametrize(("setting", "database", "expected"), [
+    (None, {}, True),
+    # What Django asks of a database behind a pooler in transaction mode.
+    (None, {"DISABLE_SERVER_SIDE_CURSORS": True}, False),
+    (True, {"DISABLE_SERVER_SIDE_CURSORS": True}, True),
+    (False, {}, False),
+    # EXECUTE takes SQL literals, which server-side binding would not give it.
+    (True, {"server_side_binding": True}, False),
+])
+def test_where_statements_are_prepared(monkeypatch, setting, database, expected) -> None:
+    settings_dict = connections["default"].settings_dict
+    for key, value in database.items():
+        if key == "server_side_binding":
+            monkeypatch.setitem(settings_dict.setdefault("OPTIONS", {}), key, value)
+        else:
+            monkeypatch.setitem(settings_dict, key, value)
+    with override_settings(PGJOBS_PREPARED_STATEMENTS=setting):
+        assert prepared.enabled("default") is expected
+
+
+def test_claims_and_settles_prepared_go_on_where_those_sent_in_full_left_off() -> None:
+    jobs = JobFactory.create_batch(9)
+    with override_settings(PGJOBS_PREPARED_STATEMENTS=False):
+        first = claim_jobs("w1", "default", 3)
+        applied_first, second = settle_and_claim(
+            [succeeded(c, c.lease_token) for c in first], "w1", "default", 3)
+    assert held() == set()
+    applied_second, third = settle_and_claim(
+        [succeeded(c, c.lease_token) for c in second], "w2", "default", 3)
+    assert held() == {name for name in held() if name.startswith(("pgjobs_claim3_",
+                                                                    "pgjobs_settle_"))}
+    assert len(held()) == 2
+    assert [c.id for c in first + second + third] == [j.id for j in jobs]
+    assert list(applied_first.values()) == list(applied_second.values()) == [True] * 3
+    assert {c.lease_owner for c in third} == {"w2"}
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 6
+    assert Job.objects.filter(status=JobStatus.RUNNING, lease_owner="w2").count() == 3
