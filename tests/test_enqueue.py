@@ -193,3 +193,41 @@ def test_enqueue_many_tells_apart_two_tasks_that_share_an_idempotency_key(order)
     assert jobs[2].pk == jobs[1].pk != existing.pk
     stored = {j.pk: (j.task, j.payload) for j in Job.objects.all()}
     assert stored == {existing.pk: (second, {"old": True}), jobs[1].pk: (first, {"new": 1})}
+
+
+
+def _columns(job: Job) -> dict[str, object]:
+    return {field.attname: getattr(job, field.attname) for field in Job._meta.concrete_fields}
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"idempotency_key": "order:7", "priority": 4},
+    {"unique_key": "report", "queue": "fast"},
+    {"delay": timedelta(minutes=3), "trace_id": "req-9", "lease": timedelta(seconds=12.5)},
+], ids=["plain", "idempotency-keyed", "unique-keyed", "delayed"])
+def test_returned_jobs_equal_the_stored_rows_field_by_field(
+    options, django_assert_num_queries
+) -> None:
+    specs = [JobSpec.of("tests.ok", {"n": 1}, **options), JobSpec.of("tests.ok", {"n": 2}),
+             JobSpec.of("tests.transient", {"n": 3}, **options)]
+    jobs = django_pgjobs.enqueue_many(specs)
+    with django_assert_num_queries(0):  # every column is loaded: none is fetched on access
+        returned = [_columns(job) for job in jobs]
+    stored = [Job.objects.get(pk=job.pk) for job in jobs]
+    assert returned == [_columns(job) for job in stored]
+    assert jobs == stored
+    assert [(job.created, job._state.adding, job._state.db) for job in jobs] == [  # type: ignore[attr-defined]
+        (True, False, "default")] * 3
+    assert [job.payload for job in jobs] == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+def test_returned_jobs_save_and_refresh_like_fetched_ones() -> None:
+    first, second = django_pgjobs.enqueue_many(
+        [JobSpec.of("tests.ok", {"n": 1}), JobSpec.of("tests.ok", {"n": 2})])
+    first.last_error = "noted"
+    first.save(update_fields=["last_error"])
+    Job.objects.filter(pk=second.pk).update(priority=9)
+    second.refresh_from_db()
+    assert (Job.objects.get(pk=first.pk).last_error, second.priority) == ("noted", 9)
+    assert Job.objects.get(pk=second.pk).last_error == ""
