@@ -7,13 +7,15 @@ written, with an error that names the problem.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from . import sql, tracing
@@ -86,11 +88,11 @@ def enqueue(task: str | Handler, payload: Any, **options: Any) -> Job:
 
 def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
     """Enqueue many jobs with one INSERT, in order; all are validated before any is written."""
+    defaults = _Defaults.read()
     alias = DEFAULT_DB_ALIAS if using is None else using
     if not isinstance(alias, str) or alias not in connections:
         raise InvalidJobOption(f"using must name a database in DATABASES, got {shown(using)}")
-    defaults = _Defaults.read()
-    rows = [_validate(spec, defaults) for spec in specs]
+    rows = _validate_all(specs, defaults)
     if not rows:
         return []
     found = tracing.tracer()
@@ -186,39 +188,163 @@ class _Row:
     unique_period: float | None = None
 
 
-def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
-    if not isinstance(spec, JobSpec):
-        raise InvalidJobOption(
-            f"enqueue_many takes JobSpec objects (JobSpec.of(task, payload, **options)), "
-            f"got {type(spec).__name__}"
-        )
-    opts = dict(spec.options)
-    if "using" in opts:
-        raise InvalidJobOption(
-            "a JobSpec cannot choose its database: enqueue_many writes every spec in one "
-            "statement, so pass using= to enqueue_many"
-        )
-    unknown = sorted(escape_control(str(k)) for k in opts if k not in OPTIONS)
-    if unknown:
-        raise InvalidJobOption(f"unknown enqueue option(s): {', '.join(unknown)}")
-    handler = _resolve_handler(spec.task)
-    name = handler.name
-    payload_version = opts.get("payload_version", handler.version)
-    queue = _first(opts.get("queue"), handler.queue, defaults.queue)
-    priority = opts.get("priority", handler.priority)
-    run_at = opts.get("run_at")
-    delay = opts.get("delay")
-    key = opts.get("idempotency_key")
-    unique_key = opts.get("unique_key")
-    unique_period = opts.get("unique_period")
-    timeout = _first(opts.get("timeout"), handler.timeout)
-    max_attempts = _first(opts.get("max_attempts"), handler.max_attempts, defaults.max_attempts)
-    max_age = _first(opts.get("max_age"), handler.max_age)
-    lease = _first(opts.get("lease"), handler.lease)
-    trace_id = opts.get("trace_id")
-    fairness_key = opts.get("fairness_key")
-    tick = _checked_tick(spec.tick)
+# Option values whose equality means the same verdict: a (task, options) pair made of these
+# only is checked once per call. Types are compared too, so priority=True (refused) never
+# borrows the verdict of priority=1, which it equals.
+_PLAIN_OPTION_TYPES = frozenset({str, int, float, bool, type(None), timedelta, datetime})
 
+
+def _validate_all(specs: Iterable[JobSpec], defaults: _Defaults) -> list[_Row]:
+    """Each spec's row; a (task, options) pair seen before in this call is not checked again.
+
+    Bulk calls repeat one task and options with different payloads, so only the payload and
+    the tick are checked per spec. A spec that is refused is refused with the same error as
+    when checked alone: pairs are remembered only once they have passed.
+    """
+    passed: dict[Hashable, _Combination] = {}
+    rows = []
+    for spec in specs:
+        key = _combination_key(spec)
+        combination = passed.get(key) if key is not None else None
+        if combination is None:
+            combination = _Combination.of(spec, defaults)
+            if key is not None:
+                passed[key] = combination
+        rows.append(combination.row(spec, defaults))
+    return rows
+
+
+def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
+    return _Combination.of(spec, defaults).row(spec, defaults)
+
+
+def _combination_key(spec: Any) -> Hashable | None:
+    """What ``spec`` shares with others of the same task and options, or None if unsure."""
+    if not isinstance(spec, JobSpec) or not isinstance(spec.task, str | Handler):
+        return None
+    options = spec.options
+    if not isinstance(options, dict) or not all(
+            type(value) in _PLAIN_OPTION_TYPES for value in options.values()):
+        return None
+    return spec.task, tuple((name, type(value), value) for name, value in options.items())
+
+
+@dataclass(frozen=True)
+class _Combination:
+    """What every spec of one task and options shares: checked once, copied into each row."""
+
+    fields: dict[str, Any]
+    prototype: Job
+    # The values of a row before and after the payload, and the unique period.
+    head: tuple[Any, ...]
+    tail: tuple[Any, ...]
+    period: float | None
+
+    @classmethod
+    def of(cls, spec: JobSpec, defaults: _Defaults) -> _Combination:
+        """Check ``spec`` but its payload; raise ``EnqueueError``."""
+        if not isinstance(spec, JobSpec):
+            raise InvalidJobOption(
+                f"enqueue_many takes JobSpec objects (JobSpec.of(task, payload, **options)), "
+                f"got {type(spec).__name__}"
+            )
+        opts = dict(spec.options)
+        if "using" in opts:
+            raise InvalidJobOption(
+                "a JobSpec cannot choose its database: enqueue_many writes every spec in one "
+                "statement, so pass using= to enqueue_many"
+            )
+        unknown = sorted(escape_control(str(k)) for k in opts if k not in OPTIONS)
+        if unknown:
+            raise InvalidJobOption(f"unknown enqueue option(s): {', '.join(unknown)}")
+        handler = _resolve_handler(spec.task)
+        name = handler.name
+        payload_version = opts.get("payload_version", handler.version)
+        queue = _first(opts.get("queue"), handler.queue, defaults.queue)
+        priority = opts.get("priority", handler.priority)
+        run_at = opts.get("run_at")
+        delay = opts.get("delay")
+        key = opts.get("idempotency_key")
+        unique_key = opts.get("unique_key")
+        unique_period = opts.get("unique_period")
+        timeout = _first(opts.get("timeout"), handler.timeout)
+        max_attempts = _first(opts.get("max_attempts"), handler.max_attempts,
+                              defaults.max_attempts)
+        max_age = _first(opts.get("max_age"), handler.max_age)
+        lease = _first(opts.get("lease"), handler.lease)
+        trace_id = opts.get("trace_id")
+        fairness_key = opts.get("fairness_key")
+        _checked_tick(spec.tick)  # before the options, as a spec checked alone always was
+
+        _check_options(defaults, queue, priority, max_attempts, payload_version, lease, max_age,
+                       key, unique_key, unique_period, timeout, trace_id, fairness_key)
+        max_age_seconds = seconds_of(max_age) if max_age is not None else defaults.max_age_seconds
+        assert max_age_seconds is not None
+        delay_seconds = _due_in(run_at, delay, max_age_seconds)
+        lease_seconds = defaults.lease_seconds if lease is None else _whole_seconds(lease)
+        timeout_seconds = seconds_of(timeout) if timeout is not None else None
+        trace_id = trace_id or ""
+        period = seconds_of(unique_period) if unique_period is not None else None
+        fields = dict(
+            task=name,
+            payload_version=payload_version,
+            queue=queue,
+            payload=None,
+            priority=priority,
+            base_priority=priority,
+            attempts=0,
+            max_attempts=max_attempts,
+            snoozes=0,
+            lease_seconds=lease_seconds,
+            idempotency_key=key,
+            unique_key=unique_key,
+            timeout_seconds=timeout_seconds,
+            trace_id=trace_id,
+            fairness_key=fairness_key,
+            schedule_id=None,
+            scheduled_at=None,
+        )
+        return cls(
+            fields,
+            Job(**fields),
+            head=(name, payload_version, queue),
+            tail=(priority, run_at, delay_seconds, max_attempts, max_age_seconds, lease_seconds,
+                  key, unique_key, period, timeout_seconds, trace_id, fairness_key),
+            period=period,
+        )
+
+    def row(self, spec: JobSpec, defaults: _Defaults) -> _Row:
+        """The row of ``spec``, one of this combination; check its tick and payload."""
+        tick = _checked_tick(spec.tick)
+        encoded = encode_json(spec.payload, limit=defaults.max_payload_bytes,
+                              max_depth=defaults.max_payload_depth)
+        job = self._new_job()
+        job.payload = spec.payload
+        if tick is not None:
+            job.schedule_id, job.scheduled_at = tick
+        values = (*self.head, encoded, *self.tail, job.schedule_id, job.scheduled_at)
+        return _Row(job, values, self.period)
+
+    def _new_job(self) -> Job:
+        """A new unsaved job with the prototype's field values.
+
+        ``Model.__init__`` per job was the largest cost of a bulk enqueue; a copy of its result
+        is the same object: every field set (a missing one would be deferred, fetched on
+        access) and a state of its own. Receivers of Job's init signals still get their calls.
+        """
+        if pre_init.has_listeners(Job) or post_init.has_listeners(Job):
+            return Job(**self.fields)
+        job = Job.__new__(Job)
+        job.__dict__.update(self.prototype.__dict__)
+        job._state = ModelState()
+        return job
+
+
+def _check_options(
+    defaults: _Defaults, queue: Any, priority: Any, max_attempts: Any, payload_version: Any,
+    lease: Any, max_age: Any, key: Any, unique_key: Any, unique_period: Any, timeout: Any,
+    trace_id: Any, fairness_key: Any,
+) -> None:
     problem = queue_problem(queue)
     if problem is not None:
         raise UnknownQueue(f"queue {problem}")
@@ -245,40 +371,6 @@ def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
            if trace_id is not None else None)
     _check("fairness_key", text_problem(fairness_key, FAIRNESS_KEY_MAX_LENGTH)
            if fairness_key is not None else None)
-    max_age_seconds = seconds_of(max_age) if max_age is not None else defaults.max_age_seconds
-    assert max_age_seconds is not None
-    delay_seconds = _due_in(run_at, delay, max_age_seconds)
-    lease_seconds = defaults.lease_seconds if lease is None else _whole_seconds(lease)
-
-    encoded = encode_json(spec.payload, limit=defaults.max_payload_bytes,
-                          max_depth=defaults.max_payload_depth)
-    trace_id = trace_id or ""
-    job = Job(
-        task=name,
-        payload_version=payload_version,
-        queue=queue,
-        payload=spec.payload,
-        priority=priority,
-        base_priority=priority,
-        attempts=0,
-        max_attempts=max_attempts,
-        snoozes=0,
-        lease_seconds=lease_seconds,
-        idempotency_key=key,
-        unique_key=unique_key,
-        timeout_seconds=seconds_of(timeout) if timeout is not None else None,
-        trace_id=trace_id,
-        fairness_key=fairness_key,
-        schedule_id=None if tick is None else tick.schedule_id,
-        scheduled_at=None if tick is None else tick.scheduled_at,
-    )
-    period = seconds_of(unique_period) if unique_period is not None else None
-    values = (
-        name, payload_version, queue, encoded, priority, run_at, delay_seconds, max_attempts,
-        max_age_seconds, lease_seconds, key, unique_key, period, job.timeout_seconds, trace_id,
-        fairness_key, job.schedule_id, job.scheduled_at,
-    )
-    return _Row(job, values, period)
 
 
 def _checked_tick(tick: Any) -> Tick | None:

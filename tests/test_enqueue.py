@@ -9,13 +9,14 @@ from django.utils import timezone
 
 import django_pgjobs
 from django_pgjobs import (
+    EnqueueError,
     InvalidJobOption,
     PayloadNotJSON,
     PayloadTooLarge,
     UnknownQueue,
     UnknownTask,
 )
-from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.enqueuing import JobSpec, Tick, validate
 from django_pgjobs.models import Job
 from django_pgjobs.status import JobStatus
 from django_pgjobs.transitions import claim_jobs
@@ -231,3 +232,23 @@ def test_returned_jobs_save_and_refresh_like_fetched_ones() -> None:
     second.refresh_from_db()
     assert (Job.objects.get(pk=first.pk).last_error, second.priority) == ("noted", 9)
     assert Job.objects.get(pk=second.pk).last_error == ""
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (JobSpec.of("tests.ok", {"n": 2}, priority=True),
+     "priority must be a whole number from -100 to 100, got True"),
+    (JobSpec.of("tests.ok", {"n": 2}, priority=1.0),
+     "priority must be a whole number from -100 to 100, got 1.0"),
+    (JobSpec.of("tests.ok", {"n": {1, 2}}, priority=1),
+     "not JSON at payload['n']: set is not JSON (use str, int, float, bool, None, list or dict)"),
+    (JobSpec("tests.ok", {"n": 2}, {"priority": 1}, tick=Tick(0, timezone.now())),
+     "tick must be a Tick(schedule_id, aware scheduled_at), got Tick(schedule_id=0"),
+], ids=["bool-equal-to-an-int", "float-equal-to-an-int", "payload", "tick"])
+def test_a_spec_whose_options_repeat_is_still_checked(bad, message) -> None:
+    with pytest.raises(EnqueueError) as alone:
+        validate(bad)
+    with pytest.raises(EnqueueError) as in_bulk:
+        django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": 1}, priority=1), bad])
+    assert str(in_bulk.value) == str(alone.value)
+    assert str(in_bulk.value).startswith(message)
+    assert Job.objects.count() == 0
