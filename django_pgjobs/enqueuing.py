@@ -229,16 +229,18 @@ def _combination_key(spec: Any) -> Hashable | None:
     return spec.task, tuple((name, type(value), value) for name, value in options.items())
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Combination:
     """What every spec of one task and options shares: checked once, copied into each row."""
 
-    fields: dict[str, Any]
-    prototype: Job
+    fields: dict[str, Any]  # of its jobs, but the payload and the tick
     # The values of a row before and after the payload, and the unique period.
     head: tuple[Any, ...]
     tail: tuple[Any, ...]
     period: float | None
+    # The job the second and later jobs are copied from; a single enqueue never needs one.
+    prototype: Job | None = None
+    built: int = 0
 
     @classmethod
     def of(cls, spec: JobSpec, defaults: _Defaults) -> _Combination:
@@ -306,7 +308,6 @@ class _Combination:
         )
         return cls(
             fields,
-            Job(**fields),
             head=(name, payload_version, queue),
             tail=(priority, run_at, delay_seconds, max_attempts, max_age_seconds, lease_seconds,
                   key, unique_key, period, timeout_seconds, trace_id, fairness_key),
@@ -332,8 +333,11 @@ class _Combination:
         is the same object: every field set (a missing one would be deferred, fetched on
         access) and a state of its own. Receivers of Job's init signals still get their calls.
         """
-        if pre_init.has_listeners(Job) or post_init.has_listeners(Job):
+        self.built += 1
+        if self.built == 1 or pre_init.has_listeners(Job) or post_init.has_listeners(Job):
             return Job(**self.fields)
+        if self.prototype is None:
+            self.prototype = Job(**self.fields)
         job = Job.__new__(Job)
         job.__dict__.update(self.prototype.__dict__)
         job._state = ModelState()

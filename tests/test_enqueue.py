@@ -201,17 +201,20 @@ def _columns(job: Job) -> dict[str, object]:
     return {field.attname: getattr(job, field.attname) for field in Job._meta.concrete_fields}
 
 
-@pytest.mark.parametrize("options", [
-    {},
-    {"idempotency_key": "order:7", "priority": 4},
-    {"unique_key": "report", "queue": "fast"},
-    {"delay": timedelta(minutes=3), "trace_id": "req-9", "lease": timedelta(seconds=12.5)},
+@pytest.mark.parametrize(("options", "repeat_is_new"), [
+    ({}, True),
+    ({"idempotency_key": "order:7", "priority": 4}, False),
+    ({"unique_key": "report", "queue": "fast"}, False),
+    ({"delay": timedelta(minutes=3), "trace_id": "req-9", "lease": timedelta(seconds=12.5)}, True),
 ], ids=["plain", "idempotency-keyed", "unique-keyed", "delayed"])
 def test_returned_jobs_equal_the_stored_rows_field_by_field(
-    options, django_assert_num_queries
+    options, repeat_is_new, django_assert_num_queries
 ) -> None:
+    # Two tasks with the options, a plain job between; the last two repeat the first ones'
+    # task and options (a keyed repeat is answered with the job holding the key).
     specs = [JobSpec.of("tests.ok", {"n": 1}, **options), JobSpec.of("tests.ok", {"n": 2}),
-             JobSpec.of("tests.transient", {"n": 3}, **options)]
+             JobSpec.of("tests.transient", {"n": 3}, **options),
+             JobSpec.of("tests.ok", {"n": 4}), JobSpec.of("tests.transient", {"n": 5}, **options)]
     jobs = django_pgjobs.enqueue_many(specs)
     with django_assert_num_queries(0):  # every column is loaded: none is fetched on access
         returned = [_columns(job) for job in jobs]
@@ -219,8 +222,9 @@ def test_returned_jobs_equal_the_stored_rows_field_by_field(
     assert returned == [_columns(job) for job in stored]
     assert jobs == stored
     assert [(job.created, job._state.adding, job._state.db) for job in jobs] == [  # type: ignore[attr-defined]
-        (True, False, "default")] * 3
-    assert [job.payload for job in jobs] == [{"n": 1}, {"n": 2}, {"n": 3}]
+        (True, False, "default")] * 4 + [(repeat_is_new, False, "default")]
+    assert [job.payload for job in jobs] == [
+        {"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}, {"n": 5} if repeat_is_new else {"n": 3}]
 
 
 def test_returned_jobs_save_and_refresh_like_fetched_ones() -> None:
