@@ -13,7 +13,9 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
@@ -135,6 +137,7 @@ def _insert_all(
 def _insert(rows: Sequence[_Row], alias: str, notify: bool) -> list[Job | None]:
     """One INSERT of ``rows``; each row's job, the one holding its key, or None if that is gone."""
     with connections[alias].cursor() as cursor:
+        _read_times_with_psycopgs_loader(cursor, alias)
         if len(rows) == 1:
             cursor.execute(_enqueue_sql("enqueue_rows_one"),
                            [*rows[0].values, rows[0].job.traceparent, notify])
@@ -145,6 +148,23 @@ def _insert(rows: Sequence[_Row], alias: str, notify: bool) -> list[Job | None]:
         names = [column.name for column in cursor.description]
         returned = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     return _pair_with_rows(rows, returned, alias)
+
+
+_TIMESTAMPTZ_LOADER = psycopg.adapters.get_loader(
+    psycopg.postgres.types["timestamptz"].oid, psycopg.pq.Format.TEXT)
+
+
+def _read_times_with_psycopgs_loader(cursor: CursorWrapper, alias: str) -> None:
+    """Read this cursor's timestamptz columns with psycopg's own loader, compiled when it is.
+
+    Django's loader is pure Python (it pins the time zone it wants), and parsing three times
+    per returned row with it was a third of the cost of reading an enqueue's rows back. Where
+    psycopg's loader gives the very time zone Django's would (UTC unless the database's
+    TIME_ZONE says otherwise; not at all with USE_TZ = False), the values are the same.
+    """
+    raw = cursor.cursor
+    if connections[alias].timezone is raw.connection.info.timezone:
+        raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
 
 
 @cache

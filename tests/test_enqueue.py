@@ -220,11 +220,21 @@ def test_returned_jobs_equal_the_stored_rows_field_by_field(
         returned = [_columns(job) for job in jobs]
     stored = [Job.objects.get(pk=job.pk) for job in jobs]
     assert returned == [_columns(job) for job in stored]
+    # Equal instants are not enough: times carry the very time zone the ORM reads them with.
+    assert [repr(columns) for columns in returned] == [repr(_columns(job)) for job in stored]
     assert jobs == stored
     assert [(job.created, job._state.adding, job._state.db) for job in jobs] == [  # type: ignore[attr-defined]
         (True, False, "default")] * 4 + [(repeat_is_new, False, "default")]
     assert [job.payload for job in jobs] == [
         {"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}, {"n": 5} if repeat_is_new else {"n": 3}]
+
+
+def test_returned_times_are_naive_like_the_orms_without_time_zone_support(settings) -> None:
+    settings.USE_TZ = False
+    jobs = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(2)])
+    stored = [Job.objects.get(pk=job.pk) for job in jobs]
+    assert [repr(_columns(job)) for job in jobs] == [repr(_columns(job)) for job in stored]
+    assert [job.created_at.tzinfo for job in jobs] == [None, None]
 
 
 def test_returned_jobs_save_and_refresh_like_fetched_ones() -> None:
