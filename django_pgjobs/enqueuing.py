@@ -253,7 +253,7 @@ def _combination_key(spec: Any) -> Hashable | None:
 class _Combination:
     """What every spec of one task and options shares: checked once, copied into each row."""
 
-    fields: dict[str, Any]  # of its jobs, but the payload and the tick
+    fields: dict[str, Any]  # of its jobs; the payload and the tick are None
     # The values of a row before and after the payload, and the unique period.
     head: tuple[Any, ...]
     tail: tuple[Any, ...]
@@ -339,27 +339,29 @@ class _Combination:
         tick = _checked_tick(spec.tick)
         encoded = encode_json(spec.payload, limit=defaults.max_payload_bytes,
                               max_depth=defaults.max_payload_depth)
-        job = self._new_job()
-        job.payload = spec.payload
-        if tick is not None:
-            job.schedule_id, job.scheduled_at = tick
-        values = (*self.head, encoded, *self.tail, job.schedule_id, job.scheduled_at)
+        schedule_id, scheduled_at = (None, None) if tick is None else tick
+        job = self._new_job(
+            {"payload": spec.payload, "schedule_id": schedule_id, "scheduled_at": scheduled_at})
+        values = (*self.head, encoded, *self.tail, schedule_id, scheduled_at)
         return _Row(job, values, self.period)
 
-    def _new_job(self) -> Job:
-        """A new unsaved job with the prototype's field values.
+    def _new_job(self, own: dict[str, Any]) -> Job:
+        """A new unsaved job of this combination with ``own`` field values.
 
         ``Model.__init__`` per job was the largest cost of a bulk enqueue; a copy of its result
         is the same object: every field set (a missing one would be deferred, fetched on
-        access) and a state of its own. Receivers of Job's init signals still get their calls.
+        access) and a state of its own.
         """
         self.built += 1
-        if self.built == 1 or pre_init.has_listeners(Job) or post_init.has_listeners(Job):
-            return Job(**self.fields)
-        if self.prototype is None:
+        # Receivers of Job's init signals get one call per job: then no job is a copy.
+        if self.built > 1 and self.prototype is None and not (
+                pre_init.has_listeners(Job) or post_init.has_listeners(Job)):
             self.prototype = Job(**self.fields)
+        if self.prototype is None:
+            return Job(**(self.fields | own))
         job = Job.__new__(Job)
         job.__dict__.update(self.prototype.__dict__)
+        job.__dict__.update(own)
         job._state = ModelState()
         return job
 

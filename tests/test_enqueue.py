@@ -4,6 +4,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -235,6 +236,20 @@ def test_returned_times_are_naive_like_the_orms_without_time_zone_support(settin
     stored = [Job.objects.get(pk=job.pk) for job in jobs]
     assert [repr(_columns(job)) for job in jobs] == [repr(_columns(job)) for job in stored]
     assert [job.created_at.tzinfo for job in jobs] == [None, None]
+
+
+def test_receivers_of_jobs_init_signal_get_one_call_per_job() -> None:
+    payloads = []
+
+    def receiver(sender: type[Job], instance: Job, **kwargs: object) -> None:
+        payloads.append(instance.payload)
+
+    post_init.connect(receiver, sender=Job)
+    try:
+        django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(3)])
+    finally:
+        post_init.disconnect(receiver, sender=Job)
+    assert payloads == [{"n": 0}, {"n": 1}, {"n": 2}]
 
 
 def test_returned_jobs_save_and_refresh_like_fetched_ones() -> None:
