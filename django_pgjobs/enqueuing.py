@@ -90,10 +90,10 @@ def enqueue(task: str | Handler, payload: Any, **options: Any) -> Job:
 
 def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
     """Enqueue many jobs with one INSERT, in order; all are validated before any is written."""
-    defaults = _Defaults.read()
     alias = DEFAULT_DB_ALIAS if using is None else using
     if not isinstance(alias, str) or alias not in connections:
         raise InvalidJobOption(f"using must name a database in DATABASES, got {shown(using)}")
+    defaults = _Defaults.read()
     rows = _validate_all(specs, defaults)
     if not rows:
         return []
