@@ -43,7 +43,7 @@ from .conf import settings
 
 logger = logging.getLogger("django_pgjobs.prepared")
 
-REPLAN_SECONDS = 60.0
+REPLAN_SECONDS = 10.0
 # Errors that say a statement this module counted on is not (or already) prepared in the
 # session: someone ran DEALLOCATE or DISCARD, or a pooler moved the session. After this many,
 # the database's statements go back to being sent in full.
@@ -188,7 +188,7 @@ def _session(connection: BaseDatabaseWrapper, cursor: Any) -> _Session:
         session = _sessions[connection.connection] = _Session()
     if not session.known:
         # What an interrupted message left prepared (PREPARE outlives a rollback) is what the
-        # server says, with the time of this reading: due to be planned again in a minute.
+        # server says, with the time of this reading: planned again REPLAN_SECONDS from now.
         session.planned_at = dict.fromkeys(_held(cursor), time.monotonic())
         session.known = True
     return session
