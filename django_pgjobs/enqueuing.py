@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any, NamedTuple
 
 import psycopg
+from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
@@ -139,15 +139,29 @@ def _insert(rows: Sequence[_Row], alias: str, notify: bool) -> list[Job | None]:
     with connections[alias].cursor() as cursor:
         _read_times_with_psycopgs_loader(cursor, alias)
         if len(rows) == 1:
-            cursor.execute(_enqueue_sql("enqueue_rows_one"),
-                           [*rows[0].values, rows[0].job.traceparent, notify])
+            [row] = rows
+            cursor.execute(sql.query("enqueue_one"), {
+                **dict(zip(ROW_COLUMNS, row.values, strict=True)),
+                "traceparent": row.job.traceparent, "notify": notify})
         else:
             columns = zip(*(row.values for row in rows), strict=True)
-            cursor.execute(_enqueue_sql("enqueue_rows_many"),
+            cursor.execute(_ENQUEUE_MANY,
                            [*map(list, columns), [row.job.traceparent for row in rows], notify])
-        names = [column.name for column in cursor.description]
+        names = _returned_names(cursor, len(rows) == 1)
         returned = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     return _pair_with_rows(rows, returned, alias)
+
+
+def _returned_names(cursor: CursorWrapper, one: bool) -> list[str]:
+    """The names of the answer's columns: the same for every execution of one statement."""
+    names = _RETURNED_NAMES.get(one)
+    if names is None:
+        # Reading the description builds an object per column: once per statement is enough.
+        names = _RETURNED_NAMES[one] = [column.name for column in cursor.description]
+    return names
+
+
+_RETURNED_NAMES: dict[bool, list[str]] = {}
 
 
 _TIMESTAMPTZ_LOADER = psycopg.adapters.get_loader(
@@ -167,15 +181,21 @@ def _read_times_with_psycopgs_loader(cursor: CursorWrapper, alias: str) -> None:
         raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
 
 
-@cache
-def _enqueue_sql(rows: str) -> str:
-    """The enqueue statement with one of its two row sources (a fixed block, never a value)."""
-    return sql.query("enqueue_jobs").replace("{rows}", sql.query(rows))
+# The statement for many jobs, with its row source (a fixed block, never a value).
+_ENQUEUE_MANY = sql.query("enqueue_jobs").replace("{rows}", sql.query("enqueue_rows_many"))
+# The values of a row (_Row.values), named as enqueue_jobs' row source and enqueue_one's
+# parameters name them; the traceparent comes after.
+ROW_COLUMNS = (
+    "task", "payload_version", "queue", "payload", "priority", "run_at", "delay_seconds",
+    "max_attempts", "max_age_seconds", "lease_seconds", "idempotency_key", "unique_key",
+    "unique_period", "timeout_seconds", "trace_id", "fairness_key", "schedule_id",
+    "scheduled_at",
+)
 
 
 @dataclass(frozen=True)
 class _Defaults:
-    """The settings enqueue needs, read once per call rather than once per job."""
+    """The settings enqueue needs, read once and again only after one of them changed."""
 
     queue: str
     queues: frozenset[str] | None
@@ -188,6 +208,14 @@ class _Defaults:
 
     @classmethod
     def read(cls) -> _Defaults:
+        """The settings as they are now; read again only once one of them changed."""
+        global _defaults
+        if _defaults is None:
+            _defaults = cls._read()
+        return _defaults
+
+    @classmethod
+    def _read(cls) -> _Defaults:
         queues = settings.QUEUES
         return cls(
             queue=settings.QUEUE,
@@ -199,6 +227,20 @@ class _Defaults:
             max_payload_depth=settings.MAX_PAYLOAD_DEPTH,
             notify=bool(settings.NOTIFY),
         )
+
+
+# Reading eight settings through Django's lazy settings cost a single enqueue more than its
+# validation; settings change only through override_settings (tests), which says so.
+_defaults: _Defaults | None = None
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    global _defaults
+    if setting.startswith("PGJOBS_"):
+        _defaults = None
+
+
+setting_changed.connect(_on_setting_changed)
 
 
 @dataclass

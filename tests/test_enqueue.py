@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.db.models.signals import post_init
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -17,8 +19,9 @@ from django_pgjobs import (
     UnknownQueue,
     UnknownTask,
 )
-from django_pgjobs.enqueuing import JobSpec, Tick, validate
+from django_pgjobs.enqueuing import ROW_COLUMNS, JobSpec, Tick, validate
 from django_pgjobs.models import Job
+from django_pgjobs.sql import query
 from django_pgjobs.status import JobStatus
 from django_pgjobs.transitions import claim_jobs
 from tests.handlers import ok
@@ -281,3 +284,40 @@ def test_a_spec_whose_options_repeat_is_still_checked(bad, message) -> None:
     assert str(in_bulk.value) == str(alone.value)
     assert str(in_bulk.value).startswith(message)
     assert Job.objects.count() == 0
+
+
+def test_one_job_and_many_name_the_same_row_values() -> None:
+    # enqueue_jobs takes a row's values by position in u(...), enqueue_one by name: both are
+    # enqueuing.ROW_COLUMNS and the traceparent.
+    aliases = re.search(r"AS u\(([^)]*)\)", query("enqueue_jobs"))
+    assert aliases is not None
+    assert [n.strip() for n in aliases.group(1).split(",")] == [*ROW_COLUMNS, "traceparent"]
+    named = re.findall(r"%\((\w+)\)s", query("enqueue_one"))
+    assert set(named) == {*ROW_COLUMNS, "traceparent", "notify"}
+
+
+def test_one_job_alone_is_stored_as_the_same_job_among_many() -> None:
+    options = {"queue": "q1", "priority": 7, "delay": 30, "max_attempts": 3, "lease": 12,
+               "timeout": 2.5, "trace_id": "t-1", "fairness_key": "tenant-1", "max_age": 600}
+    alone = django_pgjobs.enqueue("tests.ok", {"n": 1}, idempotency_key="alone", **options)
+    among = django_pgjobs.enqueue_many([
+        JobSpec.of("tests.ok", {"n": 1}, idempotency_key="among", **options),
+        JobSpec.of("tests.ok", {"n": 2})])[0]
+    skip = {"id", "idempotency_key", "run_at", "deadline", "created_at", "updated_at"}
+    fields = [f.attname for f in Job._meta.concrete_fields if f.attname not in skip]
+    stored = Job.objects.in_bulk([alone.pk, among.pk])
+    assert [getattr(stored[alone.pk], f) for f in fields] == [
+        getattr(stored[among.pk], f) for f in fields]
+    for job in (stored[alone.pk], stored[among.pk]):
+        assert job.status == "scheduled"
+        assert (job.run_at - job.created_at).total_seconds() == pytest.approx(30, abs=0.01)
+        assert (job.deadline - job.created_at).total_seconds() == pytest.approx(600, abs=0.01)
+
+
+def test_enqueue_sees_a_setting_change_at_once() -> None:
+    assert django_pgjobs.enqueue("tests.ok", {}).queue == "default"
+    with override_settings(PGJOBS_QUEUE="elsewhere", PGJOBS_MAX_PAYLOAD_BYTES=10):
+        assert django_pgjobs.enqueue("tests.ok", {}).queue == "elsewhere"
+        with pytest.raises(PayloadTooLarge):
+            django_pgjobs.enqueue("tests.ok", {"n": "x" * 20})
+    assert django_pgjobs.enqueue("tests.ok", {"n": "x" * 20}).queue == "default"
