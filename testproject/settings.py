@@ -100,6 +100,10 @@ PGJOBS_LEASE_SECONDS = env.int("PGJOBS_LEASE_SECONDS", default=5)
 if env.str("PGJOBS_BURST_UNREACHABLE_SECONDS", default=""):
     PGJOBS_BURST_UNREACHABLE_SECONDS = env.float("PGJOBS_BURST_UNREACHABLE_SECONDS")
 
+# The PgBouncer test forces prepared statements on behind transaction pooling.
+if env.str("PGJOBS_PREPARED_STATEMENTS", default=""):
+    PGJOBS_PREPARED_STATEMENTS = env.bool("PGJOBS_PREPARED_STATEMENTS")
+
 # The schedule tests run workers that look for due ticks often and miss them after a short grace.
 for _name in ("PGJOBS_SCHEDULE_INTERVAL_SECONDS", "PGJOBS_SCHEDULE_GRACE_SECONDS"):
     if env.str(_name, default=""):

@@ -176,3 +176,25 @@ def test_a_poll_only_worker_drains_through_transaction_pooling(pgbouncer, start_
     servers = [s for s in pgbouncer.admin("SHOW SERVERS") if s["database"] == database]
     assert len(servers) <= POOL_SIZE
     assert "prepared statement" not in pgbouncer.log()
+
+
+def test_statements_prepared_behind_transaction_pooling_by_mistake_lose_nothing(
+    pgbouncer, start_worker
+) -> None:
+    # Preparing forced on, and no DISABLE_SERVER_SIDE_CURSORS: a statement prepared in one
+    # transaction's server connection may be missing from the next one's, or already there.
+    # Such a claim or settle fails and is sent again; every job still runs and settles once.
+    database = connection.settings_dict["NAME"]
+    jobs = [django_pgjobs.enqueue("demo.noop", {"n": n}) for n in range(40)]
+    url = f"postgres://postgres@127.0.0.1:{pgbouncer.port}/{database}"
+    worker = start_worker("--no-listen", "--burst", "--concurrency", "3", "--batch-size", "2",
+                          "--poll-interval", "0.05", DATABASE_URL=url,
+                          PGJOBS_PREPARED_STATEMENTS="true")
+    assert worker.wait(120) == 0, worker.output()
+
+    output = worker.output()
+    assert "claimed 40, settled 40 {'succeeded': 40}, lost 0" in output, output
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], status=JobStatus.SUCCEEDED).count() \
+        == 40
+    assert Attempt.objects.filter(outcome=AttemptOutcome.SUCCEEDED).count() == 40
+    assert Attempt.objects.count() == 40
