@@ -24,7 +24,7 @@ _COLORS = {"pgjobs": "#1f6f4a", "pgbench floor": "#9aa0a6", "pgqueuer": "#d97706
 
 _ORDER = ["pgjobs", "pgjobs (server-side binding)", "pgqueuer", "procrastinate",
           "django-tasks-db", "pgbench floor"]
-_SHORT = {"pgjobs (server-side binding)": "pgjobs prepared"}
+_SHORT = {"pgjobs (server-side binding)": "pgjobs server-bound"}
 
 
 def _label(row: dict[str, Any]) -> str:

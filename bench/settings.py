@@ -29,7 +29,8 @@ if os.environ.get("BENCH_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["BENCH_DB_NAME"]
 # BENCH_SERVER_SIDE_BINDING=1 measures Django's psycopg option that sends parameters apart from
 # the SQL. It prepares nothing: Django sets psycopg's prepare_threshold to None unless OPTIONS
-# name one, so the server still plans every statement.
+# name one, and pgjobs sends its claim and settle in full there (EXECUTE takes SQL literals),
+# so the server plans every statement.
 if env.bool("BENCH_SERVER_SIDE_BINDING", default=False):
     DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
 

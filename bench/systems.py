@@ -45,7 +45,8 @@ PGJOBS = System(
     "SELECT count(*) FROM pgjobs_job WHERE status IN ('ready', 'running')",
 )
 # The same code with Django's server_side_binding option: parameters travel apart from the SQL
-# (nothing is prepared; see bench/settings.py).
+# (nothing is prepared, not even the claim and settle pgjobs prepares by default; see
+# bench/settings.py).
 PGJOBS_SERVER_BINDING = System(
     "pgjobs (server-side binding)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
     env={"BENCH_SERVER_SIDE_BINDING": "1"},
