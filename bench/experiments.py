@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections
 
 
 def claim_in_autocommit(
@@ -49,14 +49,11 @@ def settle_and_claim_in_autocommit(
 
 
 def _claim_text(worker_id: str, queue: str, limit: int, using: str) -> tuple[str, list[Any]]:
-    # Django only compiles the locking subquery inside a transaction, so the first claim of
-    # each batch size compiles it in one; every later claim sends the cached text in autocommit.
+    """The claim in full, as a worker sends it where it prepares nothing."""
     from django_pgjobs import transitions
 
-    if (using, limit) not in transitions._claim_sql_cache:
-        with transaction.atomic(using=using):
-            transitions._claim_statement(using, limit)
-    return transitions._claim_for(worker_id, queue, limit, using)
+    statement, params = transitions._claim_call(worker_id, queue, limit, using)
+    return statement.text, params
 
 
 def claim_statement_without_pause(

@@ -370,9 +370,14 @@ class _Combination:
         )
         return cls(
             fields,
-            head=(name, payload_version, queue),
-            tail=(priority, run_at, delay_seconds, max_attempts, max_age_seconds, lease_seconds,
-                  key, unique_key, period, timeout_seconds, trace_id, fairness_key),
+            *_split_row({
+                "task": name, "payload_version": payload_version, "queue": queue,
+                "priority": priority, "run_at": run_at, "delay_seconds": delay_seconds,
+                "max_attempts": max_attempts, "max_age_seconds": max_age_seconds,
+                "lease_seconds": lease_seconds, "idempotency_key": key, "unique_key": unique_key,
+                "unique_period": period, "timeout_seconds": timeout_seconds,
+                "trace_id": trace_id, "fairness_key": fairness_key,
+            }),
             period=period,
         )
 
@@ -406,6 +411,17 @@ class _Combination:
         job.__dict__.update(own)
         job._state = ModelState()
         return job
+
+
+# A row's own values among the shared ones: its payload, and its tick, the last two columns.
+_PAYLOAD_AT = ROW_COLUMNS.index("payload")
+_TICK_AT = ROW_COLUMNS.index("schedule_id")
+
+
+def _split_row(shared: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The values before and after the payload, in ROW_COLUMNS' order, from their names."""
+    return (tuple(shared[c] for c in ROW_COLUMNS[:_PAYLOAD_AT]),
+            tuple(shared[c] for c in ROW_COLUMNS[_PAYLOAD_AT + 1:_TICK_AT]))
 
 
 def _check_options(

@@ -53,7 +53,6 @@ _LOST_SESSION_CODES = frozenset({"26000", "42P05"})  # invalid_sql_statement_nam
 _PLACEHOLDER = re.compile(r"%[s%]")
 
 
-@dataclass(frozen=True)
 class Statement:
     """A statement with ``%s`` placeholders, and the name it is prepared under.
 
@@ -61,23 +60,14 @@ class Statement:
     a name in ``pg_prepared_statements`` always means this text.
     """
 
-    key: str
-    text: str
-    name: str = field(init=False)
-    arity: int = field(init=False)
-    prepare: str = field(init=False)
-    execute: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        numbered, arity = _numbered(self.text)
-        digest = hashlib.sha256(self.text.encode()).hexdigest()[:16]
-        name = f"pgjobs_{self.key}_{digest}"
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "arity", arity)
-        object.__setattr__(self, "prepare", f"PREPARE {name} AS {numbered}")
-        object.__setattr__(self, "execute",
-                           f"EXECUTE {name}({', '.join(['%s'] * arity)})" if arity else
-                           f"EXECUTE {name}")
+    def __init__(self, key: str, text: str) -> None:
+        numbered, arity = _numbered(text)
+        self.text = text
+        self.name = f"pgjobs_{key}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        self.arity = arity
+        self.prepare = f"PREPARE {self.name} AS {numbered}"
+        self.execute = (f"EXECUTE {self.name}({', '.join(['%s'] * arity)})" if arity
+                        else f"EXECUTE {self.name}")
 
 
 def _numbered(text: str) -> tuple[str, int]:

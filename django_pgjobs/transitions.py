@@ -130,14 +130,6 @@ def prepare_worker_statements(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> b
 _claim_prepared: dict[tuple[str, int], tuple[prepared.Statement, int]] = {}
 
 
-def _claim_for(worker_id: str, queue: str, limit: int, using: str) -> tuple[str, list[Any]]:
-    text, params, queue_at = _claim_statement(using, limit)
-    params = [*params, worker_id]
-    for at in queue_at:
-        params[at] = queue
-    return text, params
-
-
 def claim_statement(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> str:
     """The claim's whole text as it is sent, candidates included (for EXPLAIN and the docs).
 
