@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 
 import django_pgjobs
@@ -219,6 +220,37 @@ def test_with_the_api_alone_nothing_is_recorded_or_stored() -> None:
     assert Job.objects.get(pk=job.pk).traceparent is None
     [run] = drain()
     assert run.succeeded
+
+
+def test_a_sampled_out_enqueue_many_records_no_span_and_its_jobs_share_its_context() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.set_tracer_provider(provider)
+    try:
+        jobs = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(3)])
+    finally:
+        tracing.set_tracer_provider(None)
+        provider.shutdown()
+    assert exporter.get_finished_spans() == ()
+    # The send span's context, still propagated (the trace goes on unsampled), one for all.
+    stored = {Job.objects.get(pk=job.pk).traceparent for job in jobs}
+    [traceparent] = stored
+    assert traceparent is not None and int(traceparent[-2:], 16) & 1 == 0  # not sampled
+
+
+def test_with_the_api_alone_every_job_carries_the_incoming_sampled_context() -> None:
+    # No SDK, but a caller's context from elsewhere (a propagated header): a span of the API
+    # alone carries its parent's context, so each job, alone or among many, stores that one.
+    tracing.reset()
+    incoming = trace.SpanContext(trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
+                                 span_id=0x00F067AA0BA902B7, is_remote=True,
+                                 trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    with trace.use_span(trace.NonRecordingSpan(incoming)):
+        alone = django_pgjobs.enqueue("tests.ok", {})
+        many = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(3)])
+    expected = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert [Job.objects.get(pk=job.pk).traceparent for job in [alone, *many]] == [expected] * 4
 
 
 def test_with_the_api_alone_an_attempt_makes_no_span(monkeypatch) -> None:
