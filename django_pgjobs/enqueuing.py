@@ -7,6 +7,7 @@ written, with an error that names the problem.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -100,7 +101,7 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
     found = tracing.tracer()
     if found is None:
         return _insert_all(rows, [None] * len(rows), alias, defaults.notify)
-    with tracing.sending(found, [row.job for row in rows]) as sending:
+    with tracing.sending(found, rows) as sending:
         jobs = _insert_all(rows, sending.traceparents, alias, defaults.notify)
         sending.sent(jobs)
     return jobs
@@ -115,7 +116,7 @@ def _insert_all(
     rows: Sequence[_Row], traceparents: Sequence[str | None], alias: str, notify: bool
 ) -> list[Job]:
     for row, traceparent in zip(rows, traceparents, strict=True):
-        row.job.traceparent = traceparent
+        row.traceparent = traceparent
     jobs: list[Job | None] = [None] * len(rows)
     pending = list(range(len(rows)))
     # A refused row whose key holder finished before it could be read back is sent again: its
@@ -128,9 +129,9 @@ def _insert_all(
             jobs[i] = job
         pending = [i for i in pending if jobs[i] is None]
     if pending:
-        job = rows[pending[0]].job
-        raise KeyTakenThenFreed(job.task, job.idempotency_key or job.unique_key or str(
-            job.scheduled_at))
+        row = rows[pending[0]]
+        raise KeyTakenThenFreed(row.task, row.idempotency_key or row.unique_key or str(
+            row.scheduled_at))
     return [job for job in jobs if job is not None]
 
 
@@ -142,14 +143,40 @@ def _insert(rows: Sequence[_Row], alias: str, notify: bool) -> list[Job | None]:
             [row] = rows
             cursor.execute(sql.query("enqueue_one"), {
                 **dict(zip(ROW_COLUMNS, row.values, strict=True)),
-                "traceparent": row.job.traceparent, "notify": notify})
+                "traceparent": row.traceparent, "notify": notify})
         else:
-            columns = zip(*(row.values for row in rows), strict=True)
-            cursor.execute(_ENQUEUE_MANY,
-                           [*map(list, columns), [row.job.traceparent for row in rows], notify])
+            combinations, own = _many_rows(rows)
+            columns = zip(*(c.head + c.tail for c in combinations), strict=True)
+            cursor.execute(_ENQUEUE_MANY, [own, *map(list, columns), notify])
         names = _returned_names(cursor, len(rows) == 1)
-        returned = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    return _pair_with_rows(rows, returned, alias)
+        returned = cursor.fetchall()
+    return _pair_with_rows(rows, returned, names, alias)
+
+
+def _many_rows(rows: Sequence[_Row]) -> tuple[list[_Combination], str]:
+    """The combinations of ``rows``, and each row's own values as one JSON document.
+
+    A row is ``[combination, payload]``, then its schedule tick and traceparent when it has
+    them: joining the already encoded payloads costs a fraction of quoting a text array of
+    them, and the server parses the document once.
+    """
+    combinations: list[_Combination] = []
+    numbers: dict[int, int] = {}
+    parts = []
+    for row in rows:
+        number = numbers.get(id(row.combination))
+        if number is None:
+            number = numbers[id(row.combination)] = len(combinations) + 1
+            combinations.append(row.combination)
+        traceparent = row.traceparent
+        if row.tick is None and traceparent is None:
+            parts.append(f"[{number},{row.encoded}]")
+        else:
+            schedule_id, scheduled_at = (None, None) if row.tick is None else row.tick
+            parts.append(f"[{number},{row.encoded},{json.dumps(schedule_id)},"
+                         f"{json.dumps(scheduled_at and scheduled_at.isoformat())},"
+                         f"{json.dumps(traceparent)}]")
+    return combinations, f"[{','.join(parts)}]"
 
 
 def _returned_names(cursor: CursorWrapper, one: bool) -> list[str]:
@@ -243,11 +270,59 @@ def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
 setting_changed.connect(_on_setting_changed)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Row:
-    job: Job
-    values: tuple[Any, ...]
-    unique_period: float | None = None
+    """A checked spec until its INSERT answers: its combination's values and its own."""
+
+    combination: _Combination
+    payload: Any
+    encoded: str  # the payload
+    tick: Tick | None
+    traceparent: str | None = None
+
+    # What a unique index may refuse the row for, and what the spans of its enqueue name.
+    @property
+    def task(self) -> str:
+        return self.combination.fields["task"]
+
+    @property
+    def queue(self) -> str:
+        return self.combination.fields["queue"]
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.combination.fields["idempotency_key"]
+
+    @property
+    def unique_key(self) -> str | None:
+        return self.combination.fields["unique_key"]
+
+    @property
+    def schedule_id(self) -> int | None:
+        return None if self.tick is None else self.tick.schedule_id
+
+    @property
+    def scheduled_at(self) -> datetime | None:
+        return None if self.tick is None else self.tick.scheduled_at
+
+    @property
+    def unique_period(self) -> float | None:
+        return self.combination.period
+
+    @property
+    def values(self) -> tuple[Any, ...]:
+        """The row's values in ROW_COLUMNS' order."""
+        return (*self.combination.head, self.encoded, *self.combination.tail,
+                self.schedule_id, self.scheduled_at)
+
+    def job(self, answered: dict[str, Any], alias: str) -> Job:
+        """The job this row became: ``answered`` holds what its INSERT returned."""
+        tick = self.tick
+        answered["payload"] = self.payload
+        answered["traceparent"] = self.traceparent
+        answered["schedule_id"] = None if tick is None else tick.schedule_id
+        answered["scheduled_at"] = None if tick is None else tick.scheduled_at
+        return self.combination.new_job(answered, alias)
 
 
 # Option values whose equality means the same verdict: a (task, options) pair made of these
@@ -285,6 +360,8 @@ def _combination_key(spec: Any) -> Hashable | None:
     if not isinstance(spec, JobSpec) or not isinstance(spec.task, str | Handler):
         return None
     options = spec.options
+    if type(options) is dict and not options:
+        return spec.task, ()
     if not isinstance(options, dict) or not all(
             type(value) in _PLAIN_OPTION_TYPES for value in options.values()):
         return None
@@ -303,6 +380,11 @@ class _Combination:
     # The job the second and later jobs are copied from; a single enqueue never needs one.
     prototype: Job | None = None
     built: int = 0
+
+    @property
+    def keyed(self) -> bool:
+        """Whether a unique index may refuse its jobs for a key of theirs."""
+        return self.fields["idempotency_key"] is not None or self.fields["unique_key"] is not None
 
     @classmethod
     def of(cls, spec: JobSpec, defaults: _Defaults) -> _Combination:
@@ -386,14 +468,10 @@ class _Combination:
         tick = _checked_tick(spec.tick)
         encoded = encode_json(spec.payload, limit=defaults.max_payload_bytes,
                               max_depth=defaults.max_payload_depth)
-        schedule_id, scheduled_at = (None, None) if tick is None else tick
-        job = self._new_job(
-            {"payload": spec.payload, "schedule_id": schedule_id, "scheduled_at": scheduled_at})
-        values = (*self.head, encoded, *self.tail, schedule_id, scheduled_at)
-        return _Row(job, values, self.period)
+        return _Row(self, spec.payload, encoded, tick)
 
-    def _new_job(self, own: dict[str, Any]) -> Job:
-        """A new unsaved job of this combination with ``own`` field values.
+    def new_job(self, own: dict[str, Any], alias: str) -> Job:
+        """A job of this combination, saved in ``alias``, with ``own`` attribute values.
 
         ``Model.__init__`` per job was the largest cost of a bulk enqueue; a copy of its result
         is the same object: every field set (a missing one would be deferred, fetched on
@@ -404,12 +482,19 @@ class _Combination:
         if self.built > 1 and self.prototype is None and not (
                 pre_init.has_listeners(Job) or post_init.has_listeners(Job)):
             self.prototype = Job(**self.fields)
+        fields = self.fields
         if self.prototype is None:
-            return Job(**(self.fields | own))
-        job = Job.__new__(Job)
-        job.__dict__.update(self.prototype.__dict__)
-        job.__dict__.update(own)
-        job._state = ModelState()
+            job = Job(**{name: own.get(name, fields[name]) for name in fields})
+            job.__dict__.update(own)
+        else:
+            job = Job.__new__(Job)
+            # A field's attribute is a plain instance attribute, as Model.__init__ sets it.
+            attributes = self.prototype.__dict__.copy()
+            attributes.update(own)
+            job.__dict__ = attributes
+            job._state = ModelState()
+        job._state.adding = False
+        job._state.db = alias
         return job
 
 
@@ -531,65 +616,67 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> str:
     )
 
 
+# The answer's columns a job is paired by and given, in the order of _ANSWER's places.
+_ANSWER = ("id", "task", "idempotency_key", "unique_key", "schedule_id", "scheduled_at",
+           "status", "run_at", "deadline", "created_at")
+
+
 def _pair_with_rows(
-    rows: Sequence[_Row], returned: list[dict[str, Any]], alias: str
+    rows: Sequence[_Row], returned: list[tuple[Any, ...]], names: list[str], alias: str
 ) -> list[Job | None]:
     # A returned row is found by what made it unique: (task, idempotency key), else (schedule,
     # tick), else (task, unique key); two tasks may share a key. Jobs with none of these come
     # back in the order they were given.
-    inserted: dict[tuple[Any, ...], dict[str, Any]] = {}
+    id_, task, key, unique, schedule, tick, status, run_at, deadline, created_at = (
+        names.index(column) for column in _ANSWER)
+    inserted: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     plain = []
     for r in returned:
-        if r["idempotency_key"] is not None:
-            inserted[("idempotency", r["task"], r["idempotency_key"])] = r
-        elif r["schedule_id"] is not None:
-            inserted[("tick", r["schedule_id"], r["scheduled_at"])] = r
-        elif r["unique_key"] is not None:
-            inserted[("unique", r["task"], r["unique_key"])] = r
+        if r[key] is not None:
+            inserted[("idempotency", r[task], r[key])] = r
+        elif r[schedule] is not None:
+            inserted[("tick", r[schedule], r[tick])] = r
+        elif r[unique] is not None:
+            inserted[("unique", r[task], r[unique])] = r
         else:
             plain.append(r)
     unkeyed = iter(plain)
     jobs: list[Job | None] = []
     for row in rows:
-        job = row.job
-        if job.idempotency_key is not None:
-            found = inserted.pop(("idempotency", job.task, job.idempotency_key), None)
-        elif job.schedule_id is not None:
-            found = inserted.pop(("tick", job.schedule_id, job.scheduled_at), None)
-        elif job.unique_key is not None:
-            found = inserted.pop(("unique", job.task, job.unique_key), None)
-        else:
+        if row.tick is None and not row.combination.keyed:
             found = next(unkeyed)
+        elif row.idempotency_key is not None:
+            found = inserted.pop(("idempotency", row.task, row.idempotency_key), None)
+        elif row.tick is not None:
+            found = inserted.pop(("tick", *row.tick), None)
+        else:
+            found = inserted.pop(("unique", row.task, row.unique_key), None)
         if found is None:
             # A unique index refused it: the key or tick was taken before this statement, or by
             # an earlier spec of this one.
             jobs.append(_existing(row, alias))
             continue
-        for column in ("id", "status", "run_at", "deadline", "created_at"):
-            setattr(job, column, found[column])
-        job.updated_at = job.created_at
-        job._state.adding = False
-        job._state.db = alias
-        job.created = True  # type: ignore[attr-defined]
-        jobs.append(job)
+        jobs.append(row.job({
+            "id": found[id_], "status": found[status], "run_at": found[run_at],
+            "deadline": found[deadline], "created_at": found[created_at],
+            "updated_at": found[created_at], "created": True}, alias))
     return jobs
 
 
 def _existing(row: _Row, alias: str) -> Job | None:
     """The job holding the idempotency key, tick or unique key ``row`` was refused for, if any."""
-    job = row.job
-    if job.idempotency_key is not None:
+    if row.idempotency_key is not None:
         existing = Job.objects.using(alias).filter(
-            task=job.task, idempotency_key=job.idempotency_key).first()
-    elif job.schedule_id is not None:
+            task=row.task, idempotency_key=row.idempotency_key).first()
+    elif row.tick is not None:
         existing = Job.objects.using(alias).filter(
-            schedule_id=job.schedule_id, scheduled_at=job.scheduled_at).first()
+            schedule_id=row.tick.schedule_id, scheduled_at=row.tick.scheduled_at).first()
     else:
         existing = None
-    if existing is None and job.unique_key is not None:
+    if existing is None and row.unique_key is not None:
         with connections[alias].cursor() as cursor:
             cursor.execute(sql.query("existing_unique_job"), {
-                "task": job.task, "key": job.unique_key, "period": row.unique_period})
+                "task": row.task, "key": row.unique_key, "period": row.unique_period})
             found = cursor.fetchone()
         existing = Job.objects.using(alias).filter(pk=found[0]).first() if found else None
     if existing is None:

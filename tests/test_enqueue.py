@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timedelta
 
@@ -18,6 +19,7 @@ from django_pgjobs import (
     PayloadTooLarge,
     UnknownQueue,
     UnknownTask,
+    payloads,
 )
 from django_pgjobs.enqueuing import ROW_COLUMNS, JobSpec, Tick, validate
 from django_pgjobs.models import Job
@@ -231,6 +233,56 @@ def test_returned_jobs_equal_the_stored_rows_field_by_field(
         (True, False, "default")] * 4 + [(repeat_is_new, False, "default")]
     assert [job.payload for job in jobs] == [
         {"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}, {"n": 5} if repeat_is_new else {"n": 3}]
+
+
+PAYLOADS = [
+    {"text": 'quote " backslash \\ newline \n tab \t bell \x07 slash /'},
+    {"snow": "\u2603 \U0001f600 caf\u00e9", "\u00e9t\u00e9": ["\u00e0", "\u00fc"]},
+    {"big": 2**100, "small": -(2**63), "float": 0.1, "tiny": 5e-324, "large": 1.5e15},
+    {"deep": [[[{"a": [None, True, False, ""]}]]], "empty": {}, "none": []},
+    ["a", 1, 2.5, None],
+    "just text",
+    12,
+    None,
+]
+
+
+def test_every_payload_comes_back_as_it_was_given_from_one_bulk_enqueue() -> None:
+    jobs = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", p) for p in PAYLOADS])
+    assert [job.payload for job in jobs] == PAYLOADS
+    assert [Job.objects.get(pk=job.pk).payload for job in jobs] == PAYLOADS
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["C encoder", "pure Python"])
+def test_payloads_are_encoded_as_json_dumps_would(compiled, monkeypatch) -> None:
+    if not compiled:
+        monkeypatch.setattr(payloads, "_C_ENCODER", None)
+    assert [payloads.encode_json(p) for p in PAYLOADS] == [
+        json.dumps(p, separators=(",", ":"), ensure_ascii=False) for p in PAYLOADS]
+
+
+def test_jobs_of_interleaved_options_and_ticks_keep_their_own_values_and_order() -> None:
+    from tests.factories import ScheduleFactory
+
+    schedule = ScheduleFactory()
+    zone = timezone.get_fixed_timezone(330)
+    ticks = [Tick(schedule.pk, datetime(2026, 12, 1, 9, 30, 0, n * 1001, tzinfo=zone))
+             for n in range(3)]
+    specs = []
+    for n in range(12):
+        options = [{}, {"queue": "fast", "priority": 3}, {"delay": 30, "max_attempts": 2}][n % 3]
+        specs.append(JobSpec("tests.ok", {"n": n}, options,
+                             tick=ticks[n // 4] if n % 4 == 3 else None))
+    jobs = django_pgjobs.enqueue_many(specs)
+    stored = [Job.objects.get(pk=job.pk) for job in jobs]
+    assert [job.payload for job in stored] == [{"n": n} for n in range(12)]
+    assert [(job.queue, job.priority, job.max_attempts, job.status) for job in stored] == [
+        [("default", 0, 20, "ready"), ("fast", 3, 20, "ready"),
+         ("default", 0, 2, "scheduled")][n % 3] for n in range(12)]
+    assert [(job.schedule_id, job.scheduled_at) for job in stored] == [
+        (schedule.pk, ticks[n // 4].scheduled_at) if n % 4 == 3 else (None, None)
+        for n in range(12)]
+    assert [_columns(job) for job in jobs] == [_columns(job) for job in stored]
 
 
 def test_returned_times_are_naive_like_the_orms_without_time_zone_support(settings) -> None:

@@ -57,10 +57,24 @@ WHERE task = %(task)s AND unique_key = %(key)s
       END
 
 -- name: enqueue_rows_many
--- Many jobs: one array per column.
-unnest(%s::text[], %s::int[], %s::text[], %s::text[], %s::int[], %s::timestamptz[],
-       %s::float8[], %s::int[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::float8[],
-       %s::float8[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[], %s::text[])
+-- Many jobs. What a combination of task and options gives its jobs comes as one array per
+-- column, an element per combination; each job's own values as one JSON document, a JSON array
+-- per job: its combination's number, its payload, then its schedule id, tick and traceparent
+-- when it has them. The jobs are inserted, and answered, in the document's order.
+(SELECT c.task, c.payload_version, c.queue, j.value -> 1, c.priority, c.run_at,
+        c.delay_seconds, c.max_attempts, c.max_age_seconds, c.lease_seconds, c.idempotency_key,
+        c.unique_key, c.unique_period, c.timeout_seconds, c.trace_id, c.fairness_key,
+        (j.value ->> 2)::bigint, (j.value ->> 3)::timestamptz, j.value ->> 4
+ FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS j(value, place)
+ JOIN unnest(%s::text[], %s::int[], %s::text[], %s::int[], %s::timestamptz[], %s::float8[],
+             %s::int[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::float8[],
+             %s::float8[], %s::text[], %s::text[])
+      WITH ORDINALITY AS c(task, payload_version, queue, priority, run_at, delay_seconds,
+                           max_attempts, max_age_seconds, lease_seconds, idempotency_key,
+                           unique_key, unique_period, timeout_seconds, trace_id, fairness_key,
+                           number)
+   ON c.number = (j.value ->> 0)::bigint
+ ORDER BY j.place)
 
 -- name: enqueue_one
 -- One job, the common call: the same rows and answer as enqueue_jobs, in the shape PostgreSQL
