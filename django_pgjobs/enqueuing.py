@@ -643,6 +643,7 @@ def _pair_with_rows(
     unkeyed = iter(plain)
     jobs: list[Job | None] = []
     for row in rows:
+        found: tuple[Any, ...] | None
         if row.tick is None and not row.combination.keyed:
             found = next(unkeyed)
         elif row.idempotency_key is not None:

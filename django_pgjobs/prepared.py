@@ -60,7 +60,7 @@ class Statement:
     a name in ``pg_prepared_statements`` always means this text.
     """
 
-    def __init__(self, key: str, text: str) -> None:
+    def __init__(self, key: str, text: str, *, same_values: bool = False) -> None:
         numbered, arity = _numbered(text)
         self.text = text
         self.name = f"pgjobs_{key}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
@@ -68,6 +68,13 @@ class Statement:
         self.prepare = f"PREPARE {self.name} AS {numbered}"
         self.execute = (f"EXECUTE {self.name}({', '.join(['%s'] * arity)})" if arity
                         else f"EXECUTE {self.name}")
+        # Sent with its values as literals, nothing left for psycopg to merge: ``%%`` is ``%``.
+        self.prepare_sent = self.prepare.replace("%%", "%")
+        # The same values call after call (a worker's queue and id): each session keeps the
+        # EXECUTE with them written in.
+        self.same_values = same_values
+        # The names of its result's columns, read from its first result.
+        self.columns: list[str] | None = None
 
 
 def _numbered(text: str) -> tuple[str, int]:
@@ -90,6 +97,8 @@ class _Session:
 
     planned_at: dict[str, float] = field(default_factory=dict)
     known: bool = True  # False after an error: the session is read before it is trusted
+    # EXECUTEs with their values written in, of statements that repeat them.
+    bound: dict[tuple[Any, ...], str] = field(default_factory=dict)
 
 
 # Keyed by the psycopg connection, not Django's wrapper of it: a pool hands one connection to
@@ -128,47 +137,90 @@ def run(
             results = []
             for statement, params in statements:
                 cursor.execute(statement.text, params)
-                results.append(_result(cursor))
+                results += _results(connection, cursor.cursor, [(statement, params)])
             return results
         session = _session(connection, cursor) if enabled(using) else None
-        texts: list[str] = []
-        values: list[Any] = []
+        if session is None:
+            texts = [statement.text for statement, _ in statements]
+            values = [value for _, params in statements for value in params]
+            cursor.execute(";\n".join(texts), values)
+            return _results(connection, cursor.cursor, statements)
+        texts = []
         planned: list[str] = []
         now = time.monotonic()
+        raw = cursor.cursor
+        conforming = raw.connection.info.parameter_status("standard_conforming_strings") == "on"
         for statement, params in statements:
-            values.extend(params)
-            if session is None:
-                texts.append(statement.text)
-                continue
             planned_at = session.planned_at.get(statement.name)
             if planned_at is None or now - planned_at >= REPLAN_SECONDS:
                 if planned_at is not None:
                     texts.append(f"DEALLOCATE {statement.name}")
-                texts.append(statement.prepare)
+                texts.append(statement.prepare_sent)
                 planned.append(statement.name)
-            texts.append(statement.execute)
+            texts.append(_bound(session, raw, conforming, statement, params))
         try:
-            cursor.execute(";\n".join(texts), values)
-            results = []
-            for index in range(len(statements)):
-                if index:
-                    cursor.nextset()
-                while cursor.description is None:  # a DEALLOCATE's or PREPARE's result
-                    if not cursor.nextset():
-                        raise RuntimeError("a statement gave no result to read")
-                results.append(_result(cursor))
+            # Every value is a literal in the text already: psycopg has nothing to merge, which
+            # was a fifth of a worker's Python.
+            cursor.execute(";\n".join(texts))
+            results = _results(connection, raw, statements)
         except Exception as error:
-            if session is not None:
-                _forget(session, using, error)
+            _forget(session, using, error)
             raise
-    if session is not None:
-        for name in planned:
-            session.planned_at[name] = now
+    for name in planned:
+        session.planned_at[name] = now
     return results
 
 
-def _result(cursor: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
-    return [column.name for column in cursor.description], cursor.fetchall()
+def _results(
+    connection: BaseDatabaseWrapper, raw: Any, statements: Sequence[tuple[Statement, Any]]
+) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
+    """Each statement's column names and rows, skipping the results of PREPARE and DEALLOCATE.
+
+    Read from psycopg's cursor itself: Django's wrapper looks each method up anew, and builds
+    a description per access; a statement's column names never change.
+    """
+    results = []
+    with connection.wrap_database_errors:
+        for index, (statement, _) in enumerate(statements):
+            if index:
+                raw.nextset()
+            while raw.pgresult is None or raw.pgresult.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                if not raw.nextset():
+                    raise RuntimeError("a statement gave no result to read")
+            if statement.columns is None:
+                statement.columns = [column.name for column in raw.description]
+            results.append((statement.columns, raw.fetchall()))
+    return results
+
+
+def _bound(
+    session: _Session, raw: Any, conforming: bool, statement: Statement, params: Sequence[Any]
+) -> str:
+    """``statement``'s EXECUTE with ``params`` written in as literals."""
+    if not params:
+        return statement.execute
+    # How a literal is written depends on standard_conforming_strings, which a session may SET.
+    key = (statement.name, conforming, *params) if statement.same_values else None
+    text = session.bound.get(key) if key is not None else None
+    if text is None:
+        literals = ", ".join(_literal(raw, conforming, p) for p in params)
+        text = f"EXECUTE {statement.name}({literals})"
+        if key is not None:
+            if len(session.bound) >= 64:  # a worker has a queue or two: more means churn
+                session.bound.clear()
+            session.bound[key] = text
+    return text
+
+
+def _literal(raw: Any, conforming: bool, value: Any) -> str:
+    """``value`` as an SQL literal for this connection.
+
+    ASCII text (the settle's JSON document always is) is quoted here: where strings conform
+    to the standard, a quote doubled is the only escape there is. Anything else psycopg quotes.
+    """
+    if conforming and isinstance(value, str) and value.isascii():
+        return "'" + value.replace("'", "''") + "'"
+    return str(raw.mogrify("%s", [value]))
 
 
 def _session(connection: BaseDatabaseWrapper, cursor: Any) -> _Session:

@@ -106,7 +106,8 @@ def _claim_call(
     cached = _claim_prepared.get((using, limit))
     if cached is None:
         text = claim_statement(limit, using=using)
-        cached = (prepared.Statement(f"claim{limit}", text), text.count("%s") - 1)
+        cached = (prepared.Statement(f"claim{limit}", text, same_values=True),
+                  text.count("%s") - 1)
         _claim_prepared[(using, limit)] = cached
     statement, queues = cached
     return statement, [*[queue] * queues, worker_id]

@@ -165,3 +165,37 @@ def test_claims_and_settles_prepared_go_on_where_those_sent_in_full_left_off() -
     assert {c.lease_owner for c in third} == {"w2"}
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 6
     assert Job.objects.filter(status=JobStatus.RUNNING, lease_owner="w2").count() == 3
+
+
+ECHO = Statement("test_echo", "SELECT %s::text AS v, '%%s' AS mark")
+TRICKY = [
+    "plain", "it's", "''", "back\\slash", "\\'", "ends with \\", "%s and %(name)s and %%",
+    "x'); DROP TABLE pgjobs_job; --", "line\nbreak\ttab", "caf\u00e9 \U0001f600", "$1 $$ $q$",
+    '{"json": "it\'s \\"quoted\\""}', "",
+]
+
+
+@pytest.mark.parametrize("conforming", ["on", "off"])
+def test_every_value_comes_back_as_it_was_written_into_the_execute(conforming) -> None:
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Without standard-conforming strings a backslash escapes: psycopg writes those.
+        cursor.execute(f"SET LOCAL standard_conforming_strings = {conforming}")
+        cursor.execute("SET LOCAL escape_string_warning = off")
+        answers = [prepared.run("default", [(ECHO, [value])]) for value in TRICKY]
+    assert answers == [[(["v", "mark"], [(value, "%s")])] for value in TRICKY]
+    assert Job.objects.count() == 0  # the table is still there to count
+
+
+def test_a_statement_of_the_same_values_keeps_its_execute_for_the_session() -> None:
+    same = Statement("test_same", "SELECT %s::text || %s::text AS v", same_values=True)
+    with CaptureQueriesContext(connection) as queries:
+        first = [prepared.run("default", [(same, ["a", "b"])]) for _ in range(2)]
+        other = prepared.run("default", [(same, ["a", "c"])])
+    assert first == [[(["v"], [("ab",)])]] * 2 and other == [(["v"], [("ac",)])]
+    assert sent(queries)[1:] == [f"EXECUTE {same.name}('a', 'b')", f"EXECUTE {same.name}('a', 'c')"]
+    session = prepared._sessions[connection.connection]
+    assert set(session.bound.values()) == {
+        f"EXECUTE {same.name}('a', 'b')", f"EXECUTE {same.name}('a', 'c')"}
+    for n in range(100):  # a churn of values is not kept without bound
+        prepared.run("default", [(same, ["a", str(n)])])
+    assert len(session.bound) <= 64
