@@ -616,7 +616,7 @@ def encode_payload(payload: Any, *, limit: int | None = None) -> str:
     )
 
 
-# The answer's columns a job is paired by and given, in the order of _ANSWER's places.
+# The columns of the INSERT's answer that pair a returned row with its job and fill that job.
 _ANSWER = ("id", "task", "idempotency_key", "unique_key", "schedule_id", "scheduled_at",
            "status", "run_at", "deadline", "created_at")
 
