@@ -172,8 +172,8 @@ def _many_rows(rows: Sequence[_Row]) -> tuple[list[_Combination], str]:
         if row.tick is None and traceparent is None:
             parts.append(f"[{number},{row.encoded}]")
         else:
-            schedule_id, scheduled_at = (None, None) if row.tick is None else row.tick
-            parts.append(f"[{number},{row.encoded},{json.dumps(schedule_id)},"
+            scheduled_at = row.scheduled_at
+            parts.append(f"[{number},{row.encoded},{json.dumps(row.schedule_id)},"
                          f"{json.dumps(scheduled_at and scheduled_at.isoformat())},"
                          f"{json.dumps(traceparent)}]")
     return combinations, f"[{','.join(parts)}]"
@@ -317,11 +317,10 @@ class _Row:
 
     def job(self, answered: dict[str, Any], alias: str) -> Job:
         """The job this row became: ``answered`` holds what its INSERT returned."""
-        tick = self.tick
         answered["payload"] = self.payload
         answered["traceparent"] = self.traceparent
-        answered["schedule_id"] = None if tick is None else tick.schedule_id
-        answered["scheduled_at"] = None if tick is None else tick.scheduled_at
+        answered["schedule_id"] = self.schedule_id
+        answered["scheduled_at"] = self.scheduled_at
         return self.combination.new_job(answered, alias)
 
 

@@ -270,7 +270,7 @@ def prepare(using: str, statements: Sequence[Statement]) -> None:
                 if statement.name in session.planned_at:
                     cursor.execute(f"DEALLOCATE {statement.name}")
                     del session.planned_at[statement.name]
-                cursor.execute(statement.prepare.replace("%%", "%"))
+                cursor.execute(statement.prepare_sent)
             except Exception as error:
                 _forget(session, using, error)
                 raise
