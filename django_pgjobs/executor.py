@@ -6,6 +6,7 @@ caller's event loop. Both share every step but the call, so a job means the same
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import time
@@ -20,6 +21,7 @@ from .conf import settings
 from .context import JobContext
 from .exceptions import Snooze, TimedOut
 from .outcomes import Outcome
+from .payloads import written_out
 from .registry import Handler, redactor_for, registry, upgrade_payload
 from .retry import classify, decide
 from .status import FailureClass, TerminalReason
@@ -132,6 +134,10 @@ def _returned(job: ClaimedJob, started: float, result: Any) -> Outcome:
         # The side effects already happened and a retry would fail the same way.
         return _failed(job, started, FailureClass.PERMANENT,
                        f"handler returned a value that is not JSON: {_describe(exc)}", "")
+    if "e+" in result_json:  # a float jsonb would give back as an integer, perhaps
+        # Deep enough that json.dumps only just wrote it: stored as json.dumps wrote it.
+        with contextlib.suppress(RecursionError):
+            result_json = written_out(result)
     # Valid JSON that jsonb refuses would fail the settlement of the worker's whole batch, or be
     # stored as no result at all: say why instead.
     if "\\u0000" in result_json and _holds_nul(result):

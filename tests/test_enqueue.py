@@ -261,6 +261,47 @@ def test_payloads_are_encoded_as_json_dumps_would(compiled, monkeypatch) -> None
         json.dumps(p, separators=(",", ":"), ensure_ascii=False) for p in PAYLOADS]
 
 
+# jsonb prints a number without an exponent: 1e+16 would come back as an int.
+EXPONENT_FLOATS = {"e16": 1e16, "negative": -1.5e17, "largest": 1.7976931348623157e308,
+                   "below": 9999999999999998.0, "nested": [{"x": 2.5e22}, 1e-7, 3]}
+
+
+def test_floats_of_an_exponent_come_back_floats_from_every_enqueue_and_a_result() -> None:
+    from django_pgjobs.testing import drain
+
+    single = django_pgjobs.enqueue("tests.ok", EXPONENT_FLOATS)
+    [bulk] = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", EXPONENT_FLOATS)])
+    for job in (single, bulk):
+        stored = Job.objects.get(pk=job.pk).payload
+        assert stored == EXPONENT_FLOATS
+        assert _typed(stored) == _typed(EXPONENT_FLOATS)  # 1e+16, not 10000000000000000
+    runs = drain()
+    results = [Job.objects.get(pk=run.job_id).result for run in runs]
+    assert [_typed(result) for result in results] == [_typed({"echo": EXPONENT_FLOATS})] * 2
+
+
+def _typed(value: object) -> str:
+    # json.dumps writes a float 1e+16 and the int 10000000000000000 apart.
+    return json.dumps(value, sort_keys=True)
+
+
+def test_a_float_of_an_exponent_is_written_out_and_everything_else_as_json_dumps_would() -> None:
+    value = {"f": 1e16, "s": "1e+16 \u2603 \"q\"", "n": None, "b": [True, False],
+             "i": -(2**70), "small": 0.1}
+    assert payloads.encode_json(value) == (
+        '{"f":10000000000000000.0,"s":"1e+16 \u2603 \\"q\\"","n":null,"b":[true,false],'
+        f'"i":{-(2**70)},"small":0.1}}')
+    assert json.loads(payloads.encode_json(value)) == value
+
+
+def test_a_result_written_out_keeps_what_json_dumps_makes_of_tuples_and_keys() -> None:
+    result = {1: (1e16, "a"), None: 2, False: -2.5e20, 2.5: [], "s": {"t": 1e-7}}
+    assert payloads.written_out(result) == (
+        '{"1":[10000000000000000.0,"a"],"null":2,"false":-250000000000000000000.0,"2.5":[],'
+        '"s":{"t":1e-07}}')
+    assert json.loads(payloads.written_out(result)) == json.loads(json.dumps(result))
+
+
 def test_jobs_of_interleaved_options_and_ticks_keep_their_own_values_and_order() -> None:
     from tests.factories import ScheduleFactory
 
