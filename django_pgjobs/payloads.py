@@ -82,10 +82,9 @@ def written_out(value: Any) -> str:
 
 
 def _key(key: Any) -> str:
-    # json.dumps's keys: str, and float, bool, None and int written as text.
+    # json.dumps's keys: str, and float (as repr), bool, None and int written as text.
     if not isinstance(key, str):
-        key = (float.__repr__(key) if isinstance(key, float) else "null" if key is None
-               else ("true" if key else "false") if isinstance(key, bool) else int.__repr__(key))
+        key = float.__repr__(key) if isinstance(key, float) else written_out(key)
     return json.encoder.encode_basestring(key)
 
 
