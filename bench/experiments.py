@@ -10,50 +10,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
 
+def transaction_not_carried(connection: Any, raw: Any) -> bool:
+    """The claim's block as psycopg runs it alone: BEGIN and COMMIT a round trip each.
 
-def claim_in_autocommit(
-    worker_id: str, queue: str, limit: int, *, using: str = DEFAULT_DB_ALIAS
-) -> list[Any]:
-    """``claim_jobs`` without its BEGIN and COMMIT: the claim is one statement, atomic alone."""
-    from django_pgjobs.claimed import claimed_jobs
-
-    text, params = _claim_text(worker_id, queue, limit, using)
-    with connections[using].cursor() as cursor:
-        cursor.execute(text, params)
-        columns = [column.name for column in cursor.description]
-        rows = cursor.fetchall()
-    return claimed_jobs(columns, rows)
-
-
-def settle_and_claim_in_autocommit(
-    outcomes: Any, worker_id: str, queue: str, limit: int, *, using: str = DEFAULT_DB_ALIAS
-) -> tuple[dict[Any, bool], list[Any]]:
-    """``settle_and_claim`` without BEGIN and COMMIT: PostgreSQL runs a message of several
-    statements as one implicit transaction, so the pair stays atomic in one round trip."""
-    from django_pgjobs import sql, transitions
-    from django_pgjobs.claimed import claimed_jobs
-
-    if not outcomes:
-        return {}, claim_in_autocommit(worker_id, queue, limit, using=using)
-    reports = transitions._reports(outcomes)
-    text, params = _claim_text(worker_id, queue, limit, using)
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"{sql.query('settle_jobs')};\n{text}", [reports, *params])
-        settled = cursor.fetchall()
-        cursor.nextset()
-        columns = [column.name for column in cursor.description]
-        rows = cursor.fetchall()
-    return transitions._applied(outcomes, settled), claimed_jobs(columns, rows)
-
-
-def _claim_text(worker_id: str, queue: str, limit: int, using: str) -> tuple[str, list[Any]]:
-    """The claim in full, as a worker sends it where it prepares nothing."""
-    from django_pgjobs import transitions
-
-    statement, params = transitions._claim_call(worker_id, queue, limit, using)
-    return statement.text, params
+    Drained next to the code as it is, it prices the transaction the claim's message carries.
+    """
+    return False
 
 
 def claim_statement_without_pause(
@@ -90,9 +53,8 @@ _unpaused_claim_cache: dict[tuple[str, int], tuple[str, list[Any], tuple[int, ..
 
 # Each experiment is the patches it applies: (module, attribute, replacement).
 EXPERIMENTS = {
-    "claim_autocommit": (
-        ("django_pgjobs.worker.core", "claim_jobs", claim_in_autocommit),
-        ("django_pgjobs.worker.core", "settle_and_claim", settle_and_claim_in_autocommit),
+    "claim_begin_commit_apart": (
+        ("django_pgjobs.prepared", "_carries_its_transaction", transaction_not_carried),
     ),
     "claim_without_pause": (
         ("django_pgjobs.transitions", "_claim_statement", claim_statement_without_pause),

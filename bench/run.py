@@ -26,7 +26,7 @@ from bench.systems import (
     DJANGO_TASKS_DB,
     FLOOR_DATABASE,
     PGJOBS,
-    PGJOBS_CLAIM_AUTOCOMMIT,
+    PGJOBS_CLAIM_APART,
     PGJOBS_CLAIM_NO_PAUSE,
     PGJOBS_SERVER_BINDING,
     PGQUEUER,
@@ -186,7 +186,7 @@ def run_drain(sizes: Sizes) -> list[dict[str, Any]]:
 def run_experiments(sizes: Sizes) -> list[dict[str, Any]]:
     """Candidate hot-path changes (bench/experiments.py) against the code as it is, interleaved."""
     p, c, b = PGJOBS_DRAINS[0]
-    systems = (PGJOBS, PGJOBS_CLAIM_AUTOCOMMIT, PGJOBS_CLAIM_NO_PAUSE)
+    systems = (PGJOBS, PGJOBS_CLAIM_APART, PGJOBS_CLAIM_NO_PAUSE)
     runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
     for repeat in range(sizes.repeats):
         for system in systems:

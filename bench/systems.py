@@ -51,10 +51,11 @@ PGJOBS_SERVER_BINDING = System(
     "pgjobs (server-side binding)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
     env={"BENCH_SERVER_SIDE_BINDING": "1"},
 )
-# The same code with the claim sent in autocommit (bench/experiments.py patches it in).
-PGJOBS_CLAIM_AUTOCOMMIT = System(
-    "pgjobs (claim in autocommit)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
-    env={"BENCH_EXPERIMENT": "claim_autocommit"},
+# The same code with the claim's BEGIN and COMMIT sent apart, as psycopg sends them by itself
+# (bench/experiments.py patches it in).
+PGJOBS_CLAIM_APART = System(
+    "pgjobs (BEGIN and COMMIT apart)", PGJOBS.database, PGJOBS.remaining_sql, kind="pgjobs",
+    env={"BENCH_EXPERIMENT": "claim_begin_commit_apart"},
 )
 # The claim without its probe of pgjobs_queue, to price the pause check (bench/experiments.py).
 PGJOBS_CLAIM_NO_PAUSE = System(

@@ -31,7 +31,8 @@ import logging
 import re
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,12 +124,15 @@ def enabled(using: str) -> bool:
 
 
 def run(
-    using: str, statements: Sequence[tuple[Statement, Sequence[Any]]]
+    using: str, statements: Sequence[tuple[Statement, Sequence[Any]]], *,
+    whole_block: bool = False,
 ) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
     """Run ``statements`` in order, in one message where the connection allows.
 
     Return each statement's column names and rows. Prepared where ``enabled``, each is sent as
     ``EXECUTE`` (preceded, on first use or when due to be planned again, by its ``PREPARE``).
+    ``whole_block``: the statements are all that their ``transaction.atomic()`` block runs;
+    when it is the outermost block, the message opens and commits the transaction itself.
     """
     connection = connections[using]
     with connection.cursor() as cursor:
@@ -140,11 +144,14 @@ def run(
                 results += _results(connection, cursor.cursor, [(statement, params)])
             return results
         session = _session(connection, cursor) if enabled(using) else None
+        # Asked after _session, which may have read the session's statements in the block.
+        carried = whole_block and _carries_its_transaction(connection, cursor.cursor)
         if session is None:
             texts = [statement.text for statement, _ in statements]
             values = [value for _, params in statements for value in params]
-            cursor.execute(";\n".join(texts), values)
-            return _results(connection, cursor.cursor, statements)
+            with _transaction_carried(cursor.cursor, carried):
+                cursor.execute(";\n".join(_carry(texts, carried)), values)
+                return _results(connection, cursor.cursor, statements)
         texts = []
         planned: list[str] = []
         now = time.monotonic()
@@ -161,14 +168,57 @@ def run(
         try:
             # Every value is a literal in the text already: psycopg has nothing to merge, which
             # was a fifth of a worker's Python.
-            cursor.execute(";\n".join(texts))
-            results = _results(connection, raw, statements)
+            with _transaction_carried(raw, carried):
+                cursor.execute(";\n".join(_carry(texts, carried)))
+                results = _results(connection, raw, statements)
         except Exception as error:
             _forget(session, using, error)
             raise
     for name in planned:
         session.planned_at[name] = now
     return results
+
+
+def _carries_its_transaction(connection: BaseDatabaseWrapper, raw: Any) -> bool:
+    """Whether the message may send its block's BEGIN and COMMIT itself.
+
+    In ``transaction.atomic()`` psycopg sends BEGIN before the block's first statement and
+    COMMIT at its end, each a round trip of its own, which costs client and server CPU as well
+    as time (``docs/claim-path.md``). Sent as ``BEGIN; ...; COMMIT`` in the statements'
+    message, the transaction is the same, in one round trip. Only for an outermost
+    block that has sent nothing yet (a block inside a test's or a caller's transaction would end
+    it), with the connection's default transaction characteristics (psycopg's own BEGIN would
+    name any others).
+    """
+    conn = raw.connection
+    return (len(connection.atomic_blocks) == 1
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            and not conn.autocommit and conn.isolation_level is None
+            and conn.read_only is None and conn.deferrable is None)
+
+
+def _carry(texts: list[str], carried: bool) -> list[str]:
+    return ["BEGIN", *texts, "COMMIT"] if carried else texts
+
+
+@contextmanager
+def _transaction_carried(raw: Any, carried: bool) -> Iterator[None]:
+    """While the message runs, keep psycopg from sending a BEGIN of its own.
+
+    Once it is committed, the block's end finds the connection idle, and psycopg sends no
+    COMMIT. If a statement fails, the server skips the rest of the message, COMMIT included: the
+    transaction is left failed, and the block's end rolls it back as it would have.
+    """
+    if not carried:
+        yield
+        return
+    conn = raw.connection
+    conn.autocommit = True
+    try:
+        yield
+    finally:
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.autocommit = False
 
 
 def _results(

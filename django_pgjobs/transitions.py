@@ -71,7 +71,8 @@ def claim_jobs(
     A paused queue gives nothing: the statement reads the queue's pause in the same snapshot.
     """
     with transaction.atomic(using=using):
-        [(columns, rows)] = prepared.run(using, [_claim_call(worker_id, queue, limit, using)])
+        [(columns, rows)] = prepared.run(using, [_claim_call(worker_id, queue, limit, using)],
+                                         whole_block=True)
     return claimed_jobs(columns, rows)
 
 
@@ -83,15 +84,15 @@ def settle_and_claim(
 
     A worker's pending settlement rides with its next claim: one commit for both, and where the
     connection binds parameters client-side (Django's default) one round trip, the two
-    statements sent as one message. Both commit or neither does. Return what ``settle`` and
-    ``claim_jobs`` return.
+    statements sent as one message with the transaction's BEGIN and COMMIT (``prepared.run``).
+    Both commit or neither does. Return what ``settle`` and ``claim_jobs`` return.
     """
     if not outcomes:
         return {}, claim_jobs(worker_id, queue, limit, using=using)
     reports = _reports(outcomes)
     with transaction.atomic(using=using):
         (_, settled), (columns, rows) = prepared.run(using, [
-            (_SETTLE, [reports]), _claim_call(worker_id, queue, limit, using)])
+            (_SETTLE, [reports]), _claim_call(worker_id, queue, limit, using)], whole_block=True)
     return _applied(outcomes, settled), claimed_jobs(columns, rows)
 
 
