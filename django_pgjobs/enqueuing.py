@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -232,6 +232,10 @@ class _Defaults:
     max_payload_bytes: int
     max_payload_depth: int
     notify: bool
+    # The (task, options) pairs checked under these settings, by _combination_key: checking
+    # one again gives the same verdict, unless its handler was registered anew (``still_valid``).
+    combinations: dict[Hashable, _Combination] = field(
+        default_factory=dict, compare=False, hash=False, repr=False)
 
     @classmethod
     def read(cls) -> _Defaults:
@@ -331,23 +335,43 @@ _PLAIN_OPTION_TYPES = frozenset({str, int, float, bool, type(None), timedelta, d
 
 
 def _validate_all(specs: Iterable[JobSpec], defaults: _Defaults) -> list[_Row]:
-    """Each spec's row; a (task, options) pair seen before in this call is not checked again.
+    """Each spec's row; a (task, options) pair seen before is not checked again.
 
     Bulk calls repeat one task and options with different payloads, so only the payload and
     the tick are checked per spec. A spec that is refused is refused with the same error as
-    when checked alone: pairs are remembered only once they have passed.
+    when checked alone: pairs are remembered only once they have passed. Single enqueues
+    repeat them too, call after call: ``defaults`` keeps the pairs that passed until a setting
+    changes, and a kept pair's jobs are copies of one built before (``_Combination.new_job``).
     """
+    remembered = defaults.combinations
+    if remembered and (pre_init.has_listeners(Job) or post_init.has_listeners(Job)):
+        # A receiver of Job's init signals, connected since: its jobs are built, never copied.
+        remembered.clear()
     passed: dict[Hashable, _Combination] = {}
     rows = []
     for spec in specs:
         key = _combination_key(spec)
-        combination = passed.get(key) if key is not None else None
+        combination = None
+        if key is not None:
+            combination = passed.get(key)
+            if combination is None:
+                combination = remembered.get(key)
+                if combination is not None and not combination.still_valid(spec):
+                    combination = None
         if combination is None:
             combination = _Combination.of(spec, defaults)
-            if key is not None:
-                passed[key] = combination
+            if key is not None and combination.lasts:
+                if len(remembered) >= _REMEMBERED_COMBINATIONS:
+                    remembered.clear()  # keys that vary call by call (idempotency keys) churn
+                remembered[key] = combination
+        if key is not None:
+            passed[key] = combination
         rows.append(combination.row(spec, defaults))
     return rows
+
+
+# Enough for the tasks and option sets one process enqueues; more means keys that churn.
+_REMEMBERED_COMBINATIONS = 256
 
 
 def _validate(spec: JobSpec, defaults: _Defaults) -> _Row:
@@ -376,9 +400,20 @@ class _Combination:
     head: tuple[Any, ...]
     tail: tuple[Any, ...]
     period: float | None
-    # The job the second and later jobs are copied from; a single enqueue never needs one.
+    # The handler it was checked against; its verdict stands while that one is registered.
+    handler: Handler | None = None
+    # Whether to keep it past this call: one with an absolute run_at, which its check compares
+    # with the clock, is seldom enqueued again.
+    lasts: bool = False
+    # The job the second and later jobs are copied from, in this call or a later one.
     prototype: Job | None = None
     built: int = 0
+
+    def still_valid(self, spec: JobSpec) -> bool:
+        """Whether this pair's verdict holds for ``spec`` (same key): its handler is current."""
+        task = spec.task
+        current = task if isinstance(task, Handler) else registry.resolve(task, may_import=False)
+        return current is self.handler
 
     @property
     def keyed(self) -> bool:
@@ -460,6 +495,8 @@ class _Combination:
                 "trace_id": trace_id, "fairness_key": fairness_key,
             }),
             period=period,
+            handler=handler,
+            lasts=run_at is None,
         )
 
     def row(self, spec: JobSpec, defaults: _Defaults) -> _Row:

@@ -414,3 +414,50 @@ def test_enqueue_sees_a_setting_change_at_once() -> None:
         with pytest.raises(PayloadTooLarge):
             django_pgjobs.enqueue("tests.ok", {"n": "x" * 20})
     assert django_pgjobs.enqueue("tests.ok", {"n": "x" * 20}).queue == "default"
+
+
+def test_single_enqueues_that_repeat_their_options_each_return_a_job_of_their_own() -> None:
+    # From the second enqueue of a task and options on, a job is a copy of one built before.
+    first = django_pgjobs.enqueue("tests.ok", {"n": 1}, priority=3, trace_id="t")
+    first.priority = 99
+    first.payload["n"] = "changed"
+    jobs = [first] + [django_pgjobs.enqueue("tests.ok", {"n": n}, priority=3, trace_id="t")
+                      for n in (2, 3)]
+    assert [(job.priority, job.payload) for job in jobs[1:]] == [(3, {"n": 2}), (3, {"n": 3})]
+    assert len({id(job._state) for job in jobs}) == 3
+    for job in jobs[1:]:
+        assert _columns(job) == _columns(Job.objects.get(pk=job.pk))
+        assert (job.created, job._state.adding, job._state.db) == (True, False, "default")  # type: ignore[attr-defined]
+
+
+def test_a_task_registered_again_is_checked_again() -> None:
+    try:
+        django_pgjobs.job("tests.enqueue.again", queue="first", max_attempts=2)(ok)
+        assert django_pgjobs.enqueue("tests.enqueue.again", {}).queue == "first"
+        assert django_pgjobs.enqueue("tests.enqueue.again", {}).queue == "first"
+        django_pgjobs.registry.registry.remove("tests.enqueue.again")
+        django_pgjobs.job("tests.enqueue.again", queue="second", max_attempts=5)(ok)
+        job = django_pgjobs.enqueue("tests.enqueue.again", {})
+        assert (job.queue, job.max_attempts) == ("second", 5)
+        django_pgjobs.registry.registry.remove("tests.enqueue.again")
+        with pytest.raises(UnknownTask):
+            django_pgjobs.enqueue("tests.enqueue.again", {})
+    finally:
+        django_pgjobs.registry.registry.remove("tests.enqueue.again")
+
+
+def test_a_receiver_of_jobs_init_signal_connected_after_enqueues_gets_every_later_job() -> None:
+    for n in range(3):
+        django_pgjobs.enqueue("tests.ok", {"n": n})
+    payloads = []
+
+    def receiver(sender: type[Job], instance: Job, **kwargs: object) -> None:
+        payloads.append(instance.payload)
+
+    post_init.connect(receiver, sender=Job)
+    try:
+        django_pgjobs.enqueue("tests.ok", {"n": 3})
+        django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in (4, 5)])
+    finally:
+        post_init.disconnect(receiver, sender=Job)
+    assert payloads == [{"n": 3}, {"n": 4}, {"n": 5}]
