@@ -9,7 +9,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from bench.clients.timing import AUTOCOMMIT
+
 HEADLINE = (4, 1, 10)  # pgjobs processes, threads, batch compared with the peers
+PEERS = ("pgqueuer", "procrastinate", "django-tasks-db")
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -31,6 +34,41 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def _target(label: str, value: float | None, goal: str, met: bool | None) -> list[str]:
     verdict = "n/a" if met is None else ("met" if met else "NOT met")
     return [label, _fmt(value, 2), goal, verdict]
+
+
+def _ratio(rates: dict[str, float], ours: str, theirs: str) -> str:
+    if ours not in rates or theirs not in rates:
+        return ""
+    return _fmt(rates[ours] / rates[theirs], 2)
+
+
+def _drain_targets(
+    head: dict[str, Any], pgq: dict[str, Any], drain: list[dict[str, Any]]
+) -> list[list[str]]:
+    """The headline drain against PgQueuer's, and its server work against every peer's."""
+    ratio = head["jobs_per_s"] / pgq["jobs_per_s"]
+    rows = [_target("drain ÷ PgQueuer's (batch 10)", ratio, ">= 1.0", ratio >= 1.0),
+            _target("drain ÷ PgQueuer's (batch 10), the moonshot", ratio, ">= 1.5",
+                    ratio >= 1.5)]
+    if head["cpu_us_per_job"] is not None and pgq["cpu_us_per_job"]:
+        ratio = head["cpu_us_per_job"] / pgq["cpu_us_per_job"]
+        rows.append(_target("worker CPU per job ÷ PgQueuer's", ratio, "<= 1.0", ratio <= 1.0))
+    peers = [r for r in drain if r["system"] in PEERS]
+    ours = head.get("server_cpu_us_per_job")
+    theirs = [r["server_cpu_us_per_job"] for r in peers if r.get("server_cpu_us_per_job")]
+    if ours is not None and theirs:
+        ratio = ours / min(theirs)
+        rows.append(_target("server CPU per job ÷ the lowest peer's", ratio, "<= 1.0",
+                            ratio <= 1.0))
+    tuples = head.get("tuples_written_per_job")
+    if tuples is not None:
+        rows.append(_target("tuples written per job", tuples, "<= 3", tuples <= 3.0))
+    for key, label in (("wal_bytes_per_job", "WAL bytes"),
+                       ("transactions_per_job", "transactions")):
+        if head.get(key) is not None and pgq.get(key):
+            ratio = head[key] / pgq[key]
+            rows.append(_target(f"{label} per job ÷ PgQueuer's", ratio, "<= 1.0", ratio <= 1.0))
+    return rows
 
 
 def headline_drain(drain: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -61,23 +99,32 @@ def render(results: dict[str, Any]) -> str:
     enqueue = results.get("enqueue")
     if enqueue:
         single, bulk = enqueue["single_per_s"], enqueue["bulk_per_s"]
+        auto = {name.removesuffix(AUTOCOMMIT): rate for name, rate in single.items()
+                if name.endswith(AUTOCOMMIT)}
+        single = {name: rate for name, rate in single.items() if not name.endswith(AUTOCOMMIT)}
         rows = []
         for name in ("pgjobs", "pgjobs (server-side binding)", "orm_create", "orm_bulk_create",
                      "django-tasks-db", "procrastinate", "pgqueuer", "floor"):
-            if name in single or name in bulk:
-                rows.append([name, _fmt(single.get(name)), _fmt(bulk.get(name)),
-                             _fmt(single["pgjobs"] / single[name], 2) if name in single else "",
-                             _fmt(bulk["pgjobs"] / bulk[name], 2) if name in bulk else ""])
-        out += ["", "Enqueue (jobs/s, one client; single = one job per transaction, "
-                f"bulk = {enqueue['bulk_chunk']} per transaction)",
-                _table(["system", "single/s", "bulk/s", "pgjobs ÷ it (single)",
+            if name in single or name in auto or name in bulk:
+                rows.append([name, _fmt(single.get(name)), _fmt(auto.get(name)),
+                             _fmt(bulk.get(name)), _ratio(single, "pgjobs", name),
+                             _ratio(auto, "pgjobs", name), _ratio(bulk, "pgjobs", name)])
+        out += ["", "Enqueue (jobs/s, one client; single = one job per transaction, in "
+                "transaction.atomic() or in autocommit; bulk = "
+                f"{enqueue['bulk_chunk']} per transaction)",
+                _table(["system", "single in atomic/s", "single autocommit/s", "bulk/s",
+                        "pgjobs ÷ it (atomic)", "pgjobs ÷ it (autocommit)",
                         "pgjobs ÷ it (bulk)"], rows)]
         ratio = single["orm_create"] / single["pgjobs"]
-        targets.append(_target("single enqueue time ÷ bare objects.create()", ratio, "<= 1.2",
-                               ratio <= 1.2))
+        targets.append(_target("single enqueue in atomic, time ÷ bare objects.create()", ratio,
+                               "<= 1.1", ratio <= 1.1))
+        if "pgjobs" in auto and "django-tasks-db" in auto:
+            ratio = auto["pgjobs"] / auto["django-tasks-db"]
+            targets.append(_target("single enqueue in autocommit ÷ django-tasks-db's", ratio,
+                                   ">= 1.0", ratio >= 1.0))
         if "pgqueuer" in bulk:
             ratio = bulk["pgjobs"] / bulk["pgqueuer"]
-            targets.append(_target("bulk enqueue ÷ PgQueuer's", ratio, ">= 1.0", ratio >= 1.0))
+            targets.append(_target("bulk enqueue ÷ PgQueuer's", ratio, ">= 0.8", ratio >= 0.8))
 
     drain = results.get("drain")
     if drain:
@@ -114,9 +161,7 @@ def render(results: dict[str, Any]) -> str:
                                                                               ratios)]
             pgq = next((r for r in drain if r["system"] == "pgqueuer"), None)
             if pgq:
-                ratio = head["jobs_per_s"] / pgq["jobs_per_s"]
-                targets.append(_target("drain ÷ PgQueuer's (batch 10)", ratio, ">= 1.5",
-                                       ratio >= 1.5))
+                targets += _drain_targets(head, pgq, drain)
             if f:
                 ratio = head["jobs_per_s"] / f["jobs_per_s"]
                 targets.append(_target("drain ÷ pgbench floor (batch 10)", ratio, ">= 0.6",
@@ -131,6 +176,9 @@ def render(results: dict[str, Any]) -> str:
         if "pgjobs" in pickup:
             p50 = pickup["pgjobs"]["p50_ms"]
             targets.append(_target("pickup p50 (ms)", p50, "<= 3", p50 <= 3))
+            if "pgqueuer" in pickup:
+                ratio = p50 / pickup["pgqueuer"]["p50_ms"]
+                targets.append(_target("pickup p50 ÷ PgQueuer's", ratio, "<= 1.0", ratio <= 1.0))
 
     history = results.get("history")
     if history:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import floor, harness, report
+from bench.clients.timing import AUTOCOMMIT
 from bench.systems import (
     ALL,
     DJANGO_TASKS_DB,
@@ -111,7 +112,8 @@ def _variant(name: str, system: System) -> str | None:
     """The name a figure is kept under; a variant keeps its own, not its ORM baselines."""
     if not system.kind:
         return name
-    return system.name if name == system.kind else None
+    base = name.removesuffix(AUTOCOMMIT)
+    return system.name + name[len(base):] if base == system.kind else None
 
 
 def _drain_system(

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from bench.clients.timing import alternate, pickup_latencies
+from bench.clients.timing import AUTOCOMMIT, alternate, pickup_latencies
 from bench.tasks import noop
 from bench.tasks import pickup as pickup_task
 
@@ -25,7 +25,12 @@ def enqueue_single(n: int, rounds: int = 4) -> dict[str, Any]:
             with transaction.atomic():
                 noop.enqueue(i)
 
-    rates = alternate({"django-tasks-db": one_each}, n, rounds)
+    def autocommit(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            noop.enqueue(i)
+
+    rates = alternate({"django-tasks-db": one_each, "django-tasks-db" + AUTOCOMMIT: autocommit},
+                      n, rounds)
     reset()
     return rates
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connection, transaction
 from psycopg import sql
 
-from bench.clients.timing import alternate, pickup_latencies
+from bench.clients.timing import AUTOCOMMIT, alternate, pickup_latencies
 from bench.harness import percentile
 from django_pgjobs import JobSpec, enqueue, enqueue_many
 from django_pgjobs.models import Job
@@ -31,12 +31,20 @@ def _bare_job(i: int) -> Job:
 
 
 def enqueue_single(n: int, rounds: int = 4) -> dict[str, Any]:
-    """Each job in its own transaction: enqueue() versus a bare objects.create()."""
+    """Each job in its own transaction: enqueue() versus a bare objects.create().
+
+    In ``transaction.atomic()``, as a caller with data of its own to write enqueues; and in
+    autocommit, where the INSERT is its own transaction (``AUTOCOMMIT`` marks that figure).
+    """
 
     def pgjobs(first: int, count: int) -> None:
         for i in range(first, first + count):
             with transaction.atomic():
                 enqueue("bench.noop", {"n": i})
+
+    def pgjobs_autocommit(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            enqueue("bench.noop", {"n": i})
 
     def orm(first: int, count: int) -> None:
         for i in range(first, first + count):
@@ -44,7 +52,8 @@ def enqueue_single(n: int, rounds: int = 4) -> dict[str, Any]:
                 Job.objects.create(task="bench.noop", queue="default", payload={"n": i},
                                    status=JobStatus.READY, max_attempts=20, lease_seconds=30)
 
-    rates = alternate({"pgjobs": pgjobs, "orm_create": orm}, n, rounds)
+    rates = alternate({"pgjobs": pgjobs, "orm_create": orm,
+                       "pgjobs" + AUTOCOMMIT: pgjobs_autocommit}, n, rounds)
     reset()
     return rates
 

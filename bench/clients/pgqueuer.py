@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 from pgqueuer import AsyncpgDriver, Queries
 
-from bench.clients.timing import pickup_latencies
+from bench.clients.timing import AUTOCOMMIT, pickup_latencies
 
 
 def _dsn() -> str:
@@ -70,7 +70,7 @@ async def _timed(n: int, rounds: int, chunk: int | None) -> float:
 def enqueue_single(n: int, rounds: int = 4) -> dict[str, Any]:
     rate = asyncio.run(_timed(n, rounds, None))
     reset()
-    return {"pgqueuer": rate}
+    return {"pgqueuer" + AUTOCOMMIT: rate}  # each enqueue() is its own statement, in autocommit
 
 
 def enqueue_bulk(n: int, chunk: int = 1000, rounds: int = 4) -> dict[str, Any]:

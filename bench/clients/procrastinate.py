@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.clients.timing import alternate, pickup_latencies
+from bench.clients.timing import AUTOCOMMIT, alternate, pickup_latencies
 from bench.peers.procrastinate_app import app, noop
 from bench.peers.procrastinate_app import pickup as pickup_task
 
@@ -28,8 +28,8 @@ def enqueue_single(n: int, rounds: int = 4) -> dict[str, Any]:
         for i in range(first, first + count):
             noop.defer(n=i)
 
-    with app.open():
-        rates = alternate({"procrastinate": one_each}, n, rounds)
+    with app.open():  # defer() commits on its own connection: there is no caller's transaction
+        rates = alternate({"procrastinate" + AUTOCOMMIT: one_each}, n, rounds)
     reset()
     return rates
 

@@ -10,6 +10,10 @@ from typing import Any
 from bench.harness import percentile
 from bench.probe import PickupListener
 
+# The suffix of a single-enqueue figure taken in autocommit (each enqueue its own transaction,
+# no transaction.atomic() around it); the other single figures are taken inside one.
+AUTOCOMMIT = " (autocommit)"
+
 
 def alternate(
     blocks: dict[str, Callable[[int, int], None]], n: int, rounds: int
