@@ -101,13 +101,15 @@ class WorkerPool:
                     code = member.proc.poll()
                     if code is None or self._closing.is_set():
                         continue
-                    tail = ""
-                    if code != -9:
-                        lines = member.log_path.read_text(errors="replace").splitlines()
-                        tail = "\n".join(lines[-40:])
-                    self.exits.append(Exit(member.worker_id, member.pid, code, member.doomed,
-                                           tail))
+                    self._exited(member, code)
                     self._spawn(slot)
+
+    def _exited(self, member: Member, code: int) -> None:
+        tail = ""
+        if code != -9:
+            lines = member.log_path.read_text(errors="replace").splitlines()
+            tail = "\n".join(lines[-40:])
+        self.exits.append(Exit(member.worker_id, member.pid, code, member.doomed, tail))
 
     def running(self) -> list[Member]:
         """Members alive and not stopped, in slot order."""
@@ -157,7 +159,15 @@ class WorkerPool:
         # signal instead of draining: let it finish starting first.
         self.wait_started(60)
         with self._lock:
-            members = list(self.members.values())
+            members = []
+            for member in self.members.values():
+                code = member.proc.poll()
+                if code is None:
+                    members.append(member)
+                else:
+                    # It died after the supervisor's last look (a kill of the last tenth of a
+                    # second): an exit like the others, not a worker that failed to drain.
+                    self._exited(member, code)
         for member in members:
             if member.alive():
                 if member.stopped:
