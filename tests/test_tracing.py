@@ -222,6 +222,40 @@ def test_with_the_api_alone_nothing_is_recorded_or_stored() -> None:
     assert run.succeeded
 
 
+def test_with_the_api_alone_and_no_trace_going_on_an_enqueue_starts_no_span(monkeypatch) -> None:
+    tracing.reset()
+    found = tracing.tracer()
+    started: list[str] = []
+    start = found.start_as_current_span
+
+    def counted(name: str, **kwargs: Any) -> Any:
+        started.append(name)
+        return start(name, **kwargs)
+
+    monkeypatch.setattr(found, "start_as_current_span", counted)
+    jobs = [django_pgjobs.enqueue("tests.ok", {}),
+            *django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(2)])]
+    assert started == []
+    assert [Job.objects.get(pk=job.pk).traceparent for job in jobs] == [None] * 3
+
+    # A trace going on (a propagated header), or an SDK set up since: the span is made again.
+    incoming = trace.SpanContext(trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
+                                 span_id=0x00F067AA0BA902B7, is_remote=True,
+                                 trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    with trace.use_span(trace.NonRecordingSpan(incoming)):
+        django_pgjobs.enqueue("tests.ok", {})
+    assert started == ["send default"]
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    monkeypatch.setattr(tracing._state, "tracer", provider.get_tracer("django_pgjobs"))
+    job = django_pgjobs.enqueue("tests.ok", {})
+    assert [s.name for s in exporter.get_finished_spans()] == ["send default"]
+    assert Job.objects.get(pk=job.pk).traceparent is not None
+    provider.shutdown()
+
+
 def test_a_sampled_out_enqueue_many_records_no_span_and_its_jobs_share_its_context() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=ALWAYS_OFF)
