@@ -351,20 +351,18 @@ def _validate_all(specs: Iterable[JobSpec], defaults: _Defaults) -> list[_Row]:
     rows = []
     for spec in specs:
         key = _combination_key(spec)
-        combination = None
-        if key is not None:
-            combination = passed.get(key)
-            if combination is None:
-                combination = remembered.get(key)
-                if combination is not None and not combination.still_valid(spec):
-                    combination = None
+        if key is None:
+            rows.append(_validate(spec, defaults))
+            continue
+        combination = passed.get(key)
         if combination is None:
-            combination = _Combination.of(spec, defaults)
-            if key is not None and combination.lasts:
-                if len(remembered) >= _REMEMBERED_COMBINATIONS:
-                    remembered.clear()  # keys that vary call by call (idempotency keys) churn
-                remembered[key] = combination
-        if key is not None:
+            combination = remembered.get(key)
+            if combination is None or not combination.still_valid(spec):
+                combination = _Combination.of(spec, defaults)
+                if combination.lasts:
+                    if len(remembered) >= _REMEMBERED_COMBINATIONS:
+                        remembered.clear()  # keys that vary call by call (idempotency keys)
+                    remembered[key] = combination
             passed[key] = combination
         rows.append(combination.row(spec, defaults))
     return rows

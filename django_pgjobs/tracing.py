@@ -218,11 +218,14 @@ def _nothing_to_send() -> bool:
     job stores no traceparent. Making the span anyway was a twelfth of a single enqueue's time.
     Asked on every enqueue: an SDK may be set up later, a request's trace may be current.
     """
-    if _state.provider is not None:
-        return False
-    trace = _state.trace
-    return (isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-            and not trace.get_current_span().get_span_context().is_valid)
+    return _no_sdk() and not _state.trace.get_current_span().get_span_context().is_valid
+
+
+def _no_sdk() -> bool:
+    """Whether spans record nothing: no provider of ours, and OpenTelemetry's global one still
+    the proxy it is until an SDK sets a real one (asked anew each time: that may happen later)."""
+    return (_state.provider is None
+            and isinstance(_state.trace.get_tracer_provider(), _state.trace.ProxyTracerProvider))
 
 
 def _traceparent(span: Any) -> str | None:
@@ -293,15 +296,12 @@ def _attempt_tracer() -> Any | None:
     one, and its spans record nothing. An attempt's span is a root (linked to the enqueue, not
     its child), so without an SDK it carries no context either: skipping it changes nothing
     but the cost, which is more than a no-op job's own. Asked for every attempt, since an SDK
-    may be set up after the worker started. Enqueue keeps its span: a request's context can
-    reach a job through a span that records nothing.
+    may be set up after the worker started. Enqueue keeps its span while a trace is going on
+    (``_nothing_to_send``): a request's context reaches a job through a span that records
+    nothing.
     """
     found = _state.tracer if _state.resolved else _resolve()
-    if found is None or _state.provider is not None:
-        return found
-    if isinstance(_state.trace.get_tracer_provider(), _state.trace.ProxyTracerProvider):
-        return None
-    return found
+    return None if found is None or _no_sdk() else found
 
 
 @contextmanager

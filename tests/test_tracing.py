@@ -60,6 +60,22 @@ def traces() -> Iterator[Traces]:
         provider.shutdown()
 
 
+# A caller's context from elsewhere (a propagated header), sampled.
+INCOMING = trace.SpanContext(trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
+                             span_id=0x00F067AA0BA902B7, is_remote=True,
+                             trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+
+
+def global_sdk(monkeypatch: pytest.MonkeyPatch) -> tuple[InMemorySpanExporter, TracerProvider]:
+    """An SDK set up globally after django-pgjobs resolved its tracer (shut it down after)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    monkeypatch.setattr(tracing._state, "tracer", provider.get_tracer("django_pgjobs"))
+    return exporter, provider
+
+
 def traceparent_of(span: ReadableSpan) -> str:
     context = span.get_span_context()
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
@@ -239,17 +255,10 @@ def test_with_the_api_alone_and_no_trace_going_on_an_enqueue_starts_no_span(monk
     assert [Job.objects.get(pk=job.pk).traceparent for job in jobs] == [None] * 3
 
     # A trace going on (a propagated header), or an SDK set up since: the span is made again.
-    incoming = trace.SpanContext(trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
-                                 span_id=0x00F067AA0BA902B7, is_remote=True,
-                                 trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
-    with trace.use_span(trace.NonRecordingSpan(incoming)):
+    with trace.use_span(trace.NonRecordingSpan(INCOMING)):
         django_pgjobs.enqueue("tests.ok", {})
     assert started == ["send default"]
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
-    monkeypatch.setattr(tracing._state, "tracer", provider.get_tracer("django_pgjobs"))
+    exporter, provider = global_sdk(monkeypatch)
     job = django_pgjobs.enqueue("tests.ok", {})
     assert [s.name for s in exporter.get_finished_spans()] == ["send default"]
     assert Job.objects.get(pk=job.pk).traceparent is not None
@@ -277,10 +286,7 @@ def test_with_the_api_alone_every_job_carries_the_incoming_sampled_context() -> 
     # No SDK, but a caller's context from elsewhere (a propagated header): a span of the API
     # alone carries its parent's context, so each job, alone or among many, stores that one.
     tracing.reset()
-    incoming = trace.SpanContext(trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
-                                 span_id=0x00F067AA0BA902B7, is_remote=True,
-                                 trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
-    with trace.use_span(trace.NonRecordingSpan(incoming)):
+    with trace.use_span(trace.NonRecordingSpan(INCOMING)):
         alone = django_pgjobs.enqueue("tests.ok", {})
         many = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(3)])
     expected = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -302,11 +308,7 @@ def test_with_the_api_alone_an_attempt_makes_no_span(monkeypatch) -> None:
     assert run.succeeded and made == []
 
     # An SDK set up globally once the worker runs: the next attempt is recorded.
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
-    monkeypatch.setattr(tracing._state, "tracer", provider.get_tracer("django_pgjobs"))
+    exporter, provider = global_sdk(monkeypatch)
     second = django_pgjobs.enqueue("tests.ok", {})
     [run] = drain()
     assert run.succeeded and made == [second.pk] and job.pk != second.pk
