@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -25,6 +27,7 @@ from django_pgjobs import (
     PayloadTooLarge,
     UnknownQueue,
     UnknownTask,
+    transitions,
 )
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Job
@@ -264,3 +267,18 @@ def test_the_payload_depth_follows_the_setting(settings) -> None:
     with pytest.raises(PayloadNotJSON, match="nested more than 3 levels"):
         django_pgjobs.enqueue("tests.ok", deep(4))
     assert Job.objects.count() == 1
+
+
+# --- what the commands print --------------------------------------------------------------------
+
+
+def test_the_queue_listing_prints_a_pause_reason_escaped_on_its_own_line() -> None:
+    forged = "deploy\nother                    running ready=0 running=0\x1b[2J"
+    transitions.pause_queue("mail", actor=transitions.Actor("ops\r"), reason=forged)
+    out = StringIO()
+    call_command("pgjobs_queue", "list", stdout=out)
+    [line] = out.getvalue().splitlines()
+    assert line.startswith("mail                     PAUSED  ready=0 running=0 oldest_ready=- ")
+    assert line.endswith(" by ops\\r: deploy\\nother                    running ready=0 "
+                         "running=0\\x1b[2J)")
+    assert "\x1b" not in out.getvalue()
