@@ -282,3 +282,17 @@ def test_the_queue_listing_prints_a_pause_reason_escaped_on_its_own_line() -> No
     assert line.endswith(" by ops\\r: deploy\\nother                    running ready=0 "
                          "running=0\\x1b[2J)")
     assert "\x1b" not in out.getvalue()
+
+
+@pytest.mark.parametrize("given", [{"poll_interval": 1e-300}, {"poll_interval": 0.0}, {}])
+def test_a_worker_refuses_a_poll_interval_under_the_floor_from_its_caller_or_the_setting(
+    settings, given: dict[str, float]
+) -> None:
+    from django_pgjobs.worker import Worker
+
+    settings.PGJOBS_POLL_INTERVAL_SECONDS = 1e-300  # a process that skipped the checks
+    value = given.get("poll_interval", 1e-300)
+    with pytest.raises(ValueError) as refused:
+        Worker(install_signals=False, maintenance=[], **given)
+    assert str(refused.value) == (
+        f"poll_interval must be a finite number from 0.01 to 3600, got {value!r}")
