@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+import psycopg
+
 from .conf import settings
 
 REDACTED = "[redacted]"
@@ -253,6 +255,21 @@ def _secret_values_pattern(secrets: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(re.escape(s) for s in ordered))
 
 
+def database_error_text(exc: BaseException) -> str | None:
+    """A database error's primary message and SQLSTATE; None for an error of anything else.
+
+    The server's report also has DETAIL and CONTEXT parts, which quote the data that failed (a
+    CHECK's DETAIL is the whole failing row, payload and all): they are left out.
+    """
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    if not isinstance(cause, psycopg.Error):
+        return None
+    primary = cause.diag.message_primary
+    if not primary:
+        return type(cause).__name__
+    return f"{primary} (SQLSTATE {cause.sqlstate})" if cause.sqlstate else primary
+
+
 def _scrub_pairs(keys: tuple[tuple[str, ...], ...], text: str) -> str:
     out, pos = [], 0
     while (match := _PAIR.search(text, pos)) is not None:
@@ -279,5 +296,6 @@ __all__ = [
     "RedactingFilter",
     "Redactor",
     "compile_path",
+    "database_error_text",
     "key_words",
 ]
