@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
+
 
 class PgJobsError(Exception):
     """Base class of every django-pgjobs error."""
@@ -59,10 +61,10 @@ class NotMigrated(EnqueueError):
         self.alias = alias
 
 
-class InvalidSetting(EnqueueError):
+class InvalidSetting(PgJobsError, ImproperlyConfigured):
     """A PGJOBS_* setting its rule refuses, met by code that reads it (the checks were skipped).
 
-    ``manage.py check`` reports the same value as pgjobs.E010.
+    ``manage.py check`` reports the same value as pgjobs.E010. Raised before anything is sent.
     """
 
     def __init__(self, name: str, problem: str) -> None:
