@@ -13,7 +13,8 @@ Two rules decide what is hidden:
   payload that is a list. Keys that contain ``.``, ``[`` or ``]`` cannot be named by a path.
 
 A hidden value shows as ``[redacted]``, whole (a secret mapping hides everything under it). Text
-(error messages, tracebacks, log lines) is scrubbed three ways: every hidden value of the job's
+(error messages, tracebacks, log lines, and the strings of a payload or result as shown) is
+scrubbed three ways: every hidden value of the job's
 payload is replaced wherever it appears; ``<secret key>=<value>`` and ``<secret key>: <value>``
 pairs are replaced whatever their value (a name ending in ``Error``, ``Exception`` or
 ``Warning`` before a colon is an exception class, not a key); and the password of a URL or DSN
@@ -98,14 +99,22 @@ class Redactor:
         return _is_secret_key(key, _key_words(self.keys))
 
     def payload(self, value: Any) -> Any:
-        """Return a copy of ``value`` with secrets replaced."""
-        return self.redact(value).value
+        """Return a copy of ``value`` (a payload, a result) as a viewer may see it.
+
+        Secret keys and paths are hidden, and every string left is scrubbed as text is: a
+        result written as free text (``"auth_code=RCPT-4242"``) hides its secret as an error of
+        the same shape does, and so does a value that repeats a hidden one.
+        """
+        redacted = self.redact(value)
+        return _scrub_strings(redacted.value, lambda text: self._scrubbed(text, redacted.secrets))
 
     def text(self, text: str, payload: Any = None) -> str:
         """Scrub ``payload``'s secret values, ``key=value`` secrets and URL passwords."""
         if not text:
             return text
-        secrets = self.redact(payload).secrets if payload is not None else ()
+        return self._scrubbed(text, self.redact(payload).secrets if payload is not None else ())
+
+    def _scrubbed(self, text: str, secrets: tuple[str, ...]) -> str:
         if secrets:
             text = _secret_values_pattern(secrets).sub(REDACTED, text)
         text = _URL_PASSWORD.sub(lambda m: m["head"] + REDACTED, text)
@@ -221,6 +230,17 @@ def _redact_keys(value: Any, keys: tuple[tuple[str, ...], ...], hidden: list[Any
 
 
 # --- text -----------------------------------------------------------------------------------
+
+
+def _scrub_strings(value: Any, scrub: Callable[[str], str]) -> Any:
+    """``value`` with ``scrub`` applied to every string in it (not to mapping keys)."""
+    if isinstance(value, str):
+        return value if value == REDACTED else scrub(value)
+    if isinstance(value, dict):
+        return {k: _scrub_strings(v, scrub) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_strings(v, scrub) for v in value]
+    return value
 
 
 def _leaves(value: Any) -> Iterator[Any]:
