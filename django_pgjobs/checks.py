@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -14,80 +13,12 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from . import conf
 from .conf import settings
 from .exceptions import InvalidJobOption
-from .models import PRIORITY_MAX, PRIORITY_MIN
 from .periodic import declared_schedules, settings_schedule
 from .registry import registry
-from .validation import (
-    DURATION_MAX_SECONDS,
-    LEASE_MAX_SECONDS,
-    MAX_ATTEMPTS_LIMIT,
-    bool_problem,
-    number_problem,
-    queue_problem,
-    shown,
-    whole_number_problem,
-)
+from .validation import SETTING_RULES as VALUE_RULES
+from .validation import Rule, shown
 
 MIN_POSTGRES_VERSION = 130000
-
-DAY_SECONDS = 24 * 3600
-YEAR_SECONDS = 365 * DAY_SECONDS
-Rule = Callable[[Any], "str | None"]
-
-
-def _whole(low: int, high: int) -> Rule:
-    return lambda value: whole_number_problem(value, low, high)
-
-
-def _seconds(low: float, high: float, *, low_inclusive: bool = False) -> Rule:
-    return lambda value: number_problem(value, low, high, low_inclusive=low_inclusive)
-
-
-def _queues(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
-        return f"must be None or a list of queue names, got {shown(value)}"
-    for queue in value:
-        problem = queue_problem(queue)
-        if problem is not None:
-            return f"must be None or a list of queue names: an entry {problem}"
-    return None
-
-
-def _names(what: str) -> Rule:
-    def check(value: Any) -> str | None:
-        if isinstance(value, str) or not isinstance(value, list | tuple):
-            return f"must be a list of {what}, got {shown(value)} (a string is not a list)"
-        bad = [item for item in value if not isinstance(item, str) or not item]
-        if bad:
-            return f"must be a list of {what}: {shown(bad[0])} is not a non-empty string"
-        return None
-
-    return check
-
-
-def _retention(value: Any) -> str | None:
-    if not isinstance(value, dict) or not set(value) <= {"succeeded", "cancelled", "dead"}:
-        return "must be a dict with keys among succeeded, cancelled, dead"
-    for state, seconds in value.items():
-        if seconds is not None:
-            problem = number_problem(seconds, 0, 100 * YEAR_SECONDS, low_inclusive=False)
-            if problem is not None:
-                return f"[{state!r}] must be None (keep forever) or seconds: {problem}"
-    return None
-
-
-def _backlog_policy(value: Any) -> str | None:
-    if not isinstance(value, dict):
-        return 'must be a dict of queue name (or "*" for any other queue) to seconds > 0'
-    for queue, seconds in value.items():
-        if queue != "*" and queue_problem(queue) is not None:
-            return f"has a key that is not a queue name or \"*\": {shown(queue)}"
-        problem = number_problem(seconds, 0, YEAR_SECONDS, low_inclusive=False)
-        if problem is not None:
-            return f"[{queue!r}] {problem}"
-    return None
 
 
 def _schedules(value: Any) -> str | None:
@@ -102,67 +33,10 @@ def _schedules(value: Any) -> str | None:
     return None
 
 
-def _tracing(value: Any) -> str | None:
-    if value is not None and not isinstance(value, bool):
-        return ("must be None (trace when opentelemetry-api is installed), True or False, "
-                f"got {shown(value)}")
-    if value is True and importlib.util.find_spec("opentelemetry") is None:
-        return "is True but opentelemetry-api is not installed (pip install 'django-pgjobs[otel]')"
-    return None
-
-
-def _prepared_statements(value: Any) -> str | None:
-    if value is not None and not isinstance(value, bool):
-        return ("must be None (prepare except where DISABLE_SERVER_SIDE_CURSORS is set), True "
-                f"or False, got {shown(value)}")
-    return None
-
-
-# Every setting and its rule, in conf.py's order; a test fails when a setting has no rule.
-SETTING_RULES: dict[str, Rule] = {
-    "QUEUE": queue_problem,
-    "QUEUES": _queues,
-    "MAX_PAYLOAD_BYTES": _whole(1, 256 * 1024 * 1024),
-    "MAX_PAYLOAD_DEPTH": _whole(1, 1000),
-    "LEASE_SECONDS": _whole(1, LEASE_MAX_SECONDS),
-    "MAX_ATTEMPTS": _whole(1, MAX_ATTEMPTS_LIMIT),
-    "MAX_AGE_SECONDS": _seconds(0, DURATION_MAX_SECONDS),
-    "RETRY_BASE_SECONDS": _seconds(0, YEAR_SECONDS),
-    "RETRY_MAX_SECONDS": _seconds(0, YEAR_SECONDS),
-    "UNKNOWN_TASK_RETRY_SECONDS": _seconds(0, YEAR_SECONDS),
-    "MAX_SNOOZES": _whole(0, 1_000_000),
-    "MAX_SNOOZE_SECONDS": _seconds(0, YEAR_SECONDS),
-    "POLL_INTERVAL_SECONDS": _seconds(0, 3600),
-    "RESCUE_INTERVAL_SECONDS": _seconds(0, 3600),
-    "RESCUE_BATCH": _whole(1, 100_000),
-    "PROMOTE_BATCH": _whole(1, 100_000),
-    "SETTLE_FLUSH_SECONDS": _seconds(0, 60),
-    "SHUTDOWN_GRACE_SECONDS": _seconds(0, DAY_SECONDS, low_inclusive=True),
-    "BURST_UNREACHABLE_SECONDS": _seconds(0, DAY_SECONDS),
-    "CANCEL_CHECK_SECONDS": _seconds(0, 60),
-    "KILL_GRACE_SECONDS": _seconds(0, 3600),
-    "RECEIPT_RETENTION_SECONDS": _seconds(0, 100 * YEAR_SECONDS),
-    "RETENTION_SECONDS": _retention,
-    "PRUNE_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
-    "PRUNE_BATCH": _whole(1, 100_000),
-    "NOTIFY": bool_problem,
-    "SETTLE_WITH_CLAIM": bool_problem,
-    "PREPARED_STATEMENTS": _prepared_statements,
-    "LISTEN": bool_problem,
-    "AGING_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
-    "AGING_STEP": _whole(0, PRIORITY_MAX - PRIORITY_MIN),
-    "AGING_CAP": _whole(PRIORITY_MIN, PRIORITY_MAX),
-    "AGING_BATCH": _whole(1, 100_000),
-    "BACKLOG_MAX_AGE_SECONDS": _backlog_policy,
-    "BACKLOG_CHECK_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
-    "REDACT_KEYS": _names("key names"),
-    "HANDLER_MODULES": _names("module names"),
-    "SCHEDULES": _schedules,
-    "SCHEDULE_INTERVAL_SECONDS": _seconds(0, 3600),
-    "SCHEDULE_BATCH": _whole(1, 10_000),
-    "SCHEDULE_GRACE_SECONDS": _seconds(0, DAY_SECONDS),
-    "TRACING": _tracing,
-}
+# Every setting and its rule; a test fails when a setting has no rule. The rules live with the
+# other rules of input (validation.SETTING_RULES), where the code that reads a setting asks
+# them too; a schedule's rule needs the schedules' own code.
+SETTING_RULES: dict[str, Rule] = {**VALUE_RULES, "SCHEDULES": _schedules}
 
 
 @register(Tags.database)
@@ -228,6 +102,15 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
             messages.append(Error(f"PGJOBS_{name} {problem}", id="pgjobs.E010"))
     if messages:
         return messages  # the rules below compare settings that must first be valid
+    if not settings.REDACT_KEYS and not settings.REDACT_NO_KEYS:
+        messages.append(Warning(
+            "PGJOBS_REDACT_KEYS is empty, which turns key redaction off: viewers of the admin "
+            "see every payload value, and errors, logs and spans keep their 'password=...' "
+            "pairs",
+            hint="leave PGJOBS_REDACT_KEYS unset for the default keys, list the keys to hide, "
+                 "or set PGJOBS_REDACT_NO_KEYS = True to say that no key is secret",
+            id="pgjobs.W003",
+        ))
     if settings.QUEUES is not None and settings.QUEUE not in settings.QUEUES:
         messages.append(Error(
             f"PGJOBS_QUEUE must be one of PGJOBS_QUEUES (got {settings.QUEUE!r})",

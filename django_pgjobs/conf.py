@@ -89,6 +89,10 @@ DEFAULT_REDACT_KEYS = (
     "session",
     "sessionid",
 )
+# An empty PGJOBS_REDACT_KEYS turns the key rule off: payloads show every value to viewers and
+# errors keep their ``password=...`` pairs. The system checks warn of it (pgjobs.W003) unless
+# this says it is meant.
+DEFAULT_REDACT_NO_KEYS = False
 DEFAULT_HANDLER_MODULES = ("jobs",)
 # Schedules declared in settings: name -> {"task": ..., "cron": ..., and the other options of
 # django_pgjobs.Schedule}. Synced at worker start like the ones declared with @job.
@@ -101,6 +105,10 @@ DEFAULT_SCHEDULE_GRACE_SECONDS = 60.0
 # OpenTelemetry spans (django_pgjobs.tracing): None when opentelemetry-api is installed, True to
 # insist (a system check fails without the package), False never.
 DEFAULT_TRACING: bool | None = None
+# The metrics view's queue gauges name this many queues, those of the largest backlog; the rest
+# are summed under queue="*", so a project with thousands of queues exports a bounded number of
+# series.
+DEFAULT_METRICS_MAX_QUEUES = 50
 
 
 class Settings:

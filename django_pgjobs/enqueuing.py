@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 from django.core.signals import setting_changed
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, ProgrammingError, connections, transaction
 from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
@@ -23,7 +23,15 @@ from django.utils import timezone
 
 from . import sql, tracing
 from .conf import settings
-from .exceptions import InvalidJobOption, KeyTakenThenFreed, UnknownQueue, UnknownTask
+from .exceptions import (
+    InvalidJobOption,
+    InvalidSetting,
+    KeyTakenThenFreed,
+    NotMigrated,
+    PayloadNotJSON,
+    UnknownQueue,
+    UnknownTask,
+)
 from .models import Job
 from .payloads import encode_json
 from .registry import Handler, registry
@@ -40,6 +48,7 @@ from .validation import (
     escape_control,
     queue_problem,
     seconds_of,
+    setting_problem,
     shown,
     text_problem,
     whole_number_problem,
@@ -91,9 +100,7 @@ def enqueue(task: str | Handler, payload: Any, **options: Any) -> Job:
 
 def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
     """Enqueue many jobs with one INSERT, in order; all are validated before any is written."""
-    alias = DEFAULT_DB_ALIAS if using is None else using
-    if not isinstance(alias, str) or alias not in connections:
-        raise InvalidJobOption(f"using must name a database in DATABASES, got {shown(using)}")
+    alias = _checked_alias(using)
     defaults = _Defaults.read()
     rows = _validate_all(specs, defaults)
     if not rows:
@@ -107,12 +114,66 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
     return jobs
 
 
+def _checked_alias(using: Any) -> str:
+    """The alias ``using`` names, once it is known to name a PostgreSQL database."""
+    alias = DEFAULT_DB_ALIAS if using is None else using
+    if isinstance(alias, str) and alias in _migrated:
+        return alias
+    if not isinstance(alias, str) or alias not in connections:
+        raise InvalidJobOption(f"using must name a database in DATABASES, got {shown(using)}")
+    vendor = connections[alias].vendor  # the backend's class says it: nothing connects
+    if vendor != "postgresql":
+        raise InvalidJobOption(
+            f"using names database {alias!r}, which uses {vendor}; django-pgjobs stores jobs "
+            "in PostgreSQL only")
+    return alias
+
+
+_NOT_MIGRATED = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
+# The aliases whose first INSERT went through: PostgreSQL databases that have the job table.
+# Until then an INSERT that finds no table must not abort the caller's transaction (see
+# _insert_all); from then on a single enqueue stays one round trip.
+_migrated: set[str] = set()
+
+
+def _on_databases_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DATABASES":
+        _migrated.clear()
+
+
+setting_changed.connect(_on_databases_changed)
+
+
 def validate(spec: JobSpec) -> None:
     """Check ``spec`` as ``enqueue_many`` would, sending nothing; raise ``EnqueueError``."""
     _validate(spec, _Defaults.read())
 
 
 def _insert_all(
+    rows: Sequence[_Row], traceparents: Sequence[str | None], alias: str, notify: bool
+) -> list[Job]:
+    if alias in _migrated:
+        return _insert_rows(rows, traceparents, alias, notify)
+    # The first enqueue on this alias: the database may not have been migrated. An INSERT into
+    # a missing table aborts the transaction it runs in, so inside the caller's it runs in a
+    # savepoint (two round trips more, once per alias and process), and the caller's
+    # transaction survives the refusal.
+    connection = connections[alias]
+    try:
+        if connection.get_autocommit():
+            jobs = _insert_rows(rows, traceparents, alias, notify)
+        else:
+            with transaction.atomic(using=alias):
+                jobs = _insert_rows(rows, traceparents, alias, notify)
+    except ProgrammingError as exc:
+        if isinstance(exc.__cause__, _NOT_MIGRATED):
+            raise NotMigrated(alias) from exc
+        raise
+    _migrated.add(alias)
+    return jobs
+
+
+def _insert_rows(
     rows: Sequence[_Row], traceparents: Sequence[str | None], alias: str, notify: bool
 ) -> list[Job]:
     for row, traceparent in zip(rows, traceparents, strict=True):
@@ -247,17 +308,31 @@ class _Defaults:
 
     @classmethod
     def _read(cls) -> _Defaults:
-        queues = settings.QUEUES
+        queues = _setting("QUEUES")
         return cls(
-            queue=settings.QUEUE,
+            queue=_setting("QUEUE"),
             queues=None if queues is None else frozenset(queues),
-            max_attempts=settings.MAX_ATTEMPTS,
-            max_age_seconds=float(settings.MAX_AGE_SECONDS),
-            lease_seconds=settings.LEASE_SECONDS,
-            max_payload_bytes=settings.MAX_PAYLOAD_BYTES,
-            max_payload_depth=settings.MAX_PAYLOAD_DEPTH,
-            notify=bool(settings.NOTIFY),
+            max_attempts=_setting("MAX_ATTEMPTS"),
+            max_age_seconds=float(_setting("MAX_AGE_SECONDS")),
+            lease_seconds=_setting("LEASE_SECONDS"),
+            max_payload_bytes=_setting("MAX_PAYLOAD_BYTES"),
+            max_payload_depth=_setting("MAX_PAYLOAD_DEPTH"),
+            notify=_setting("NOTIFY"),
         )
+
+
+def _setting(name: str) -> Any:
+    """PGJOBS_<name>, by the rule the system checks hold it to.
+
+    A process that skipped the checks would otherwise write what its rule refuses: a lease of
+    -5 seconds failed the table's CHECK, and the server's report of the failing row quoted the
+    payload.
+    """
+    value = getattr(settings, name)
+    problem = setting_problem(name, value)
+    if problem is not None:
+        raise InvalidSetting(name, problem)
+    return value
 
 
 # Reading eight settings through Django's lazy settings cost a single enqueue more than its
@@ -456,6 +531,14 @@ class _Combination:
 
         _check_options(defaults, queue, priority, max_attempts, payload_version, lease, max_age,
                        key, unique_key, unique_period, timeout, trace_id, fairness_key)
+        if payload_version > handler.version:
+            # Workers run a payload only up to their handler's version and hold a newer one
+            # back for a newer deploy: this code has none, so the job might wait for ever.
+            raise InvalidJobOption(
+                f"payload_version {payload_version} is newer than the handler of {name!r} "
+                f"here (version {handler.version}): no worker running this code could run the "
+                "job, which would wait for a newer deploy; enqueue it from code whose handler "
+                f"has version {payload_version}, or leave payload_version out")
         max_age_seconds = seconds_of(max_age) if max_age is not None else defaults.max_age_seconds
         assert max_age_seconds is not None
         delay_seconds = _due_in(run_at, delay, max_age_seconds)
@@ -642,6 +725,32 @@ def _resolve_handler(task: str | Handler) -> Handler:
     return handler
 
 
+def check_nesting(value: Any, *, root: str = "payload") -> None:
+    """Refuse ``value`` if nested deeper than PGJOBS_MAX_PAYLOAD_DEPTH; raise ``PayloadNotJSON``.
+
+    For code that walks a value recursively before it is encoded, as django.tasks'
+    ``normalize_json`` does: this walk keeps its own stack, so an argument 10,000 levels deep
+    is refused by the depth rule, not by Python's recursion limit. Mappings and sequences other
+    than text count as levels, as that walk takes them.
+    """
+    max_depth = _Defaults.read().max_payload_depth
+    stack: list[tuple[Any, int, str]] = [(value, 0, root)]
+    while stack:
+        item, depth, path = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[tuple[Any, Any]] = item.items()
+        elif isinstance(item, Sequence) and not isinstance(item, str | bytes | bytearray):
+            children = enumerate(item)
+        else:
+            continue
+        if depth >= max_depth:
+            raise PayloadNotJSON(
+                path, f"nested more than {max_depth} levels deep (PGJOBS_MAX_PAYLOAD_DEPTH)")
+        for key, child in children:
+            # Named by the first level only: a full path 10,000 levels long helps no reader.
+            stack.append((child, depth + 1, f"{root}[{key!r}]" if depth == 0 else path))
+
+
 def encode_payload(payload: Any, *, limit: int | None = None) -> str:
     """``payload`` as JSON text, or say which key is not JSON or that it is too large."""
     return encode_json(
@@ -720,4 +829,6 @@ def _existing(row: _Row, alias: str) -> Job | None:
     return existing
 
 
-__all__ = ["JobSpec", "Tick", "encode_payload", "enqueue", "enqueue_many", "validate"]
+__all__ = [
+    "JobSpec", "Tick", "check_nesting", "encode_payload", "enqueue", "enqueue_many", "validate",
+]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
+
 
 class PgJobsError(Exception):
     """Base class of every django-pgjobs error."""
@@ -46,6 +48,28 @@ class PayloadTooLarge(EnqueueError):
 
 class InvalidJobOption(EnqueueError):
     pass
+
+
+class NotMigrated(EnqueueError):
+    """The database has no django-pgjobs tables, or not all of their columns, yet."""
+
+    def __init__(self, alias: str) -> None:
+        super().__init__(
+            f"database {alias!r} has not been migrated for django-pgjobs (no pgjobs_job table, "
+            f"or an older one): run manage.py migrate --database {alias}"
+        )
+        self.alias = alias
+
+
+class InvalidSetting(PgJobsError, ImproperlyConfigured):
+    """A PGJOBS_* setting its rule refuses, met by code that reads it (the checks were skipped).
+
+    ``manage.py check`` reports the same value as pgjobs.E010. Raised before anything is sent.
+    """
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"PGJOBS_{name} {problem} (manage.py check reports it as pgjobs.E010)")
+        self.setting = f"PGJOBS_{name}"
 
 
 class KeyTakenThenFreed(PgJobsError):

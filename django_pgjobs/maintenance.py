@@ -126,7 +126,7 @@ class AgingPolicy:
         return self.step > 0
 
     def waits_to_cap(self, base_priority: int) -> float:
-        """Seconds after its run_at by which a job of ``base_priority`` has earned the cap."""
+        """Seconds of being ready by which a job of ``base_priority`` has earned the cap."""
         if base_priority >= self.cap:
             return 0.0
         if not self.enabled:

@@ -4,6 +4,8 @@ Two sources, served separately so that summing across scrape targets never doubl
 
 - ``StatsCollector`` reads ``stats`` at scrape time (jobs by queue and status, oldest ready age
   against the backlog policy, leases). Mount ``metrics_view`` in the project's urls to serve it.
+  It names the PGJOBS_METRICS_MAX_QUEUES queues of the largest backlog and folds the rest into
+  queue="*", so the number of series stays bounded however many queues there are.
 - ``WorkerMetrics`` counts what one worker process does (claims, completions, retries and dead
   by failure class, lease expiries it rescued, lost settlements, handler duration, pickup
   latency). ``pgjobs_worker --metrics-port`` serves it; ``--metrics-stats`` adds the gauges.
@@ -41,8 +43,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from . import stats
 from .claimed import ClaimedJob
+from .conf import settings
+from .exceptions import InvalidSetting
 from .outcomes import Outcome
+from .stats import QueueStats
 from .status import JobStatus
+from .validation import setting_problem
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -55,6 +61,45 @@ HANDLER_DURATION_BUCKETS = (
 PICKUP_LATENCY_BUCKETS = (
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 )
+# The queue label of the queues past PGJOBS_METRICS_MAX_QUEUES, summed; no queue is named "*"
+# (the backlog policy's "*" means the same: every other queue).
+OTHER_QUEUES = "*"
+
+
+def named_queues(queues: list[QueueStats], limit: int) -> list[tuple[QueueStats, bool]]:
+    """The ``limit`` queues of the largest backlog, and one ``OTHER_QUEUES`` entry for the rest,
+    each with whether its backlog is healthy.
+
+    Largest backlog: the most ready jobs, then the oldest ready job, then the most live jobs;
+    ties by name, so a scrape names the same queues as the last one while nothing changed. The
+    rest are summed: their oldest ready age is the oldest of theirs, and the entry is healthy
+    only when each of them is; their backlog policies differ, so it has none.
+    """
+    if len(queues) <= limit:
+        return [(q, q.healthy) for q in queues]
+    ranked = sorted(queues, key=lambda q: (
+        -q.ready, -(q.oldest_ready_age_seconds or 0.0),
+        -sum(q.count(s) for s in stats.LIVE_STATUSES), q.queue))
+    named, rest = ranked[:limit], ranked[limit:]
+    ages = [q.oldest_ready_age_seconds for q in rest if q.oldest_ready_age_seconds is not None]
+    other = QueueStats(
+        queue=OTHER_QUEUES,
+        ready=sum(q.ready for q in rest), scheduled=sum(q.scheduled for q in rest),
+        running=sum(q.running for q in rest), retrying=sum(q.retrying for q in rest),
+        dead_recent=sum(q.dead_recent for q in rest),
+        cancelled_recent=sum(q.cancelled_recent for q in rest),
+        oldest_ready_age_seconds=max(ages) if ages else None,
+    )
+    return [*((q, q.healthy) for q in named), (other, all(q.healthy for q in rest))]
+
+
+def max_named_queues() -> int:
+    """PGJOBS_METRICS_MAX_QUEUES, by its rule (a process may have skipped the checks)."""
+    value = settings.METRICS_MAX_QUEUES
+    problem = setting_problem("METRICS_MAX_QUEUES", value)
+    if problem is not None:
+        raise InvalidSetting("METRICS_MAX_QUEUES", problem)
+    return int(value)
 
 
 class StatsCollector(Collector):
@@ -103,13 +148,13 @@ class StatsCollector(Collector):
             "1 while the oldest ready job is within the backlog policy, else 0.",
             labels=["queue"],
         )
-        for queue in queues:
+        for queue, is_healthy in named_queues(queues, max_named_queues()):
             for status in stats.LIVE_STATUSES:
                 jobs.add_metric([queue.queue, status.value], queue.count(status))
             for status in (JobStatus.DEAD, JobStatus.CANCELLED):
                 finished.add_metric([queue.queue, status.value], queue.count(status))
             age.add_metric([queue.queue], queue.oldest_ready_age_seconds or 0.0)
-            healthy.add_metric([queue.queue], 1.0 if queue.healthy else 0.0)
+            healthy.add_metric([queue.queue], 1.0 if is_healthy else 0.0)
             if queue.backlog_max_age_seconds is not None:
                 policy.add_metric([queue.queue], queue.backlog_max_age_seconds)
         yield from (jobs, finished, age, policy, healthy)
@@ -252,6 +297,7 @@ class MetricsServer:
 
 
 __all__ = [
+    "OTHER_QUEUES",
     "MetricsServer",
     "StatsCollector",
     "WorkerMetrics",

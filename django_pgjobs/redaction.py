@@ -13,7 +13,8 @@ Two rules decide what is hidden:
   payload that is a list. Keys that contain ``.``, ``[`` or ``]`` cannot be named by a path.
 
 A hidden value shows as ``[redacted]``, whole (a secret mapping hides everything under it). Text
-(error messages, tracebacks, log lines) is scrubbed three ways: every hidden value of the job's
+(error messages, tracebacks, log lines, and the strings of a payload or result as shown) is
+scrubbed three ways: every hidden value of the job's
 payload is replaced wherever it appears; ``<secret key>=<value>`` and ``<secret key>: <value>``
 pairs are replaced whatever their value (a name ending in ``Error``, ``Exception`` or
 ``Warning`` before a colon is an exception class, not a key); and the password of a URL or DSN
@@ -32,6 +33,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+import psycopg
 
 from .conf import settings
 
@@ -96,14 +99,22 @@ class Redactor:
         return _is_secret_key(key, _key_words(self.keys))
 
     def payload(self, value: Any) -> Any:
-        """Return a copy of ``value`` with secrets replaced."""
-        return self.redact(value).value
+        """Return a copy of ``value`` (a payload, a result) as a viewer may see it.
+
+        Secret keys and paths are hidden, and every string left is scrubbed as text is: a
+        result written as free text (``"auth_code=RCPT-4242"``) hides its secret as an error of
+        the same shape does, and so does a value that repeats a hidden one.
+        """
+        redacted = self.redact(value)
+        return _scrub_strings(redacted.value, lambda text: self._scrubbed(text, redacted.secrets))
 
     def text(self, text: str, payload: Any = None) -> str:
         """Scrub ``payload``'s secret values, ``key=value`` secrets and URL passwords."""
         if not text:
             return text
-        secrets = self.redact(payload).secrets if payload is not None else ()
+        return self._scrubbed(text, self.redact(payload).secrets if payload is not None else ())
+
+    def _scrubbed(self, text: str, secrets: tuple[str, ...]) -> str:
         if secrets:
             text = _secret_values_pattern(secrets).sub(REDACTED, text)
         text = _URL_PASSWORD.sub(lambda m: m["head"] + REDACTED, text)
@@ -221,6 +232,17 @@ def _redact_keys(value: Any, keys: tuple[tuple[str, ...], ...], hidden: list[Any
 # --- text -----------------------------------------------------------------------------------
 
 
+def _scrub_strings(value: Any, scrub: Callable[[str], str]) -> Any:
+    """``value`` with ``scrub`` applied to every string in it (not to mapping keys)."""
+    if isinstance(value, str):
+        return value if value == REDACTED else scrub(value)
+    if isinstance(value, dict):
+        return {k: _scrub_strings(v, scrub) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_strings(v, scrub) for v in value]
+    return value
+
+
 def _leaves(value: Any) -> Iterator[Any]:
     if isinstance(value, dict):
         for v in value.values():
@@ -253,6 +275,21 @@ def _secret_values_pattern(secrets: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(re.escape(s) for s in ordered))
 
 
+def database_error_text(exc: BaseException) -> str | None:
+    """A database error's primary message and SQLSTATE; None for an error of anything else.
+
+    The server's report also has DETAIL and CONTEXT parts, which quote the data that failed (a
+    CHECK's DETAIL is the whole failing row, payload and all): they are left out.
+    """
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    if not isinstance(cause, psycopg.Error):
+        return None
+    primary = cause.diag.message_primary
+    if not primary:
+        return type(cause).__name__
+    return f"{primary} (SQLSTATE {cause.sqlstate})" if cause.sqlstate else primary
+
+
 def _scrub_pairs(keys: tuple[tuple[str, ...], ...], text: str) -> str:
     out, pos = [], 0
     while (match := _PAIR.search(text, pos)) is not None:
@@ -279,5 +316,6 @@ __all__ = [
     "RedactingFilter",
     "Redactor",
     "compile_path",
+    "database_error_text",
     "key_words",
 ]

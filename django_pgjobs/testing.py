@@ -27,7 +27,7 @@ from .claimed import ClaimedJob
 from .context import JobContext
 from .executor import execute
 from .models import Job
-from .registry import DJANGO_TASK_PREFIX, Handler, registry
+from .registry import DJANGO_TASK_PREFIX, Handler, redactor_for, registry
 from .status import WAITING_STATUSES, AttemptOutcome, JobStatus
 from .transitions import claim_jobs, promote_jobs_due_by, ready_queues, settle
 from .validation import queue_problem, seconds_of, shown, whole_number_problem
@@ -110,7 +110,8 @@ def refute_enqueued(task: Any = None, *, using: str = DEFAULT_DB_ALIAS, **match:
         name = None if task is None else task_name(task)
         wanted = _described(match)
         lines = [f"Expected no enqueued job of {_task_label(name)}{wanted}, found {len(found)}:"]
-        lines += [f"  {_job_line(job)}" for job in found[:_SHOWN_JOBS]]
+        lines += [f"  {_job_line(job, redactor_for(job.task).payload(job.payload))}"
+                  for job in found[:_SHOWN_JOBS]]
         if len(found) > _SHOWN_JOBS:
             lines.append(f"  ... and {len(found) - _SHOWN_JOBS} more")
         raise AssertionError("\n".join(lines))
@@ -160,16 +161,23 @@ def _checks(match: Mapping[str, Any]) -> list[Check]:
     return list(match.items())
 
 
-def _mismatch(checks: list[Check], job: Job) -> str | None:
-    """What about ``job`` differs from the checks (the first difference), or None."""
+def _mismatch(checks: list[Check], job: Job, shown_payload: Any = _UNSET) -> str | None:
+    """What about ``job`` differs from the checks (the first difference), or None.
+
+    Values are compared in the payload, and quoted from ``shown_payload`` (its redacted copy,
+    for a failure message) when given.
+    """
+    if shown_payload is _UNSET:
+        shown_payload = job.payload
     for option, expected in checks:
         if option == "payload":
-            problem = _differs(expected, job.payload, "payload")
+            problem = _differs(expected, job.payload, "payload", shown_payload)
         elif option in ("args", "kwargs"):
             payload = job.payload if isinstance(job.payload, dict) else {}
             if option not in payload:
                 return f"the payload has no {option} (not a django.tasks task)"
-            problem = _differs(expected, payload[option], option)
+            problem = _differs(expected, payload[option], option,
+                               _part(shown_payload, option))
         elif option == "run_at":
             problem = _time_differs("run_at", expected, job.run_at)
         elif option == "delay":
@@ -181,24 +189,27 @@ def _mismatch(checks: list[Check], job: Job) -> str | None:
     return None
 
 
-def _differs(expected: Any, actual: Any, path: str) -> str | None:
+def _differs(expected: Any, actual: Any, path: str, display: Any = _UNSET) -> str | None:
+    """Where ``actual`` differs from ``expected``; ``display`` is what to quote for ``actual``."""
+    if display is _UNSET:
+        display = actual
     if expected is ANY:
         return None
     if isinstance(expected, Mapping):
         if not isinstance(actual, Mapping):
-            return f"{path} is {shown(actual)}, expected a mapping"
+            return f"{path} is {shown(display)}, expected a mapping"
         for key, value in expected.items():
             if key not in actual:
                 return f"{path} has no key {key!r}"
-            problem = _differs(value, actual[key], f"{path}[{key!r}]")
+            problem = _differs(value, actual[key], f"{path}[{key!r}]", _part(display, key))
             if problem is not None:
                 return problem
         return None
     if isinstance(expected, list | tuple):
         if not isinstance(actual, list) or len(actual) != len(expected):
-            return f"{path} is {shown(actual, 80)}, expected {shown(list(expected), 80)}"
+            return f"{path} is {shown(display, 80)}, expected {shown(list(expected), 80)}"
         for index, (want, have) in enumerate(zip(expected, actual, strict=True)):
-            problem = _differs(want, have, f"{path}[{index}]")
+            problem = _differs(want, have, f"{path}[{index}]", _part(display, index))
             if problem is not None:
                 return problem
         return None
@@ -206,7 +217,16 @@ def _differs(expected: Any, actual: Any, path: str) -> str | None:
     same_kind = isinstance(expected, bool) == isinstance(actual, bool)
     if same_kind and expected == actual:
         return None
-    return f"{path} is {shown(actual)}, expected {shown(expected)}"
+    return f"{path} is {shown(display)}, expected {shown(expected)}"
+
+
+def _part(display: Any, key: Any) -> Any:
+    """The part of a displayed value at ``key``: a redacted value hides all its parts."""
+    if isinstance(display, Mapping) and key in display:
+        return display[key]
+    if isinstance(display, list) and isinstance(key, int) and 0 <= key < len(display):
+        return display[key]
+    return display
 
 
 def _time_differs(option: str, expected: Any, actual: datetime) -> str | None:
@@ -233,7 +253,11 @@ def _not_found(
     if candidates:
         lines.append(f"Enqueued jobs of {_task_label(name)} ({len(candidates)}):")
         for job in candidates[:_SHOWN_JOBS]:
-            lines.append(f"  {_job_line(job)}\n    differs: {_mismatch(checks, job)}")
+            # Test output lands in CI logs: a job's payload is quoted redacted, as the admin
+            # shows it to viewers.
+            shown_payload = redactor_for(job.task).payload(job.payload)
+            lines.append(f"  {_job_line(job, shown_payload)}\n"
+                         f"    differs: {_mismatch(checks, job, shown_payload)}")
         if len(candidates) > _SHOWN_JOBS:
             lines.append(f"  ... and {len(candidates) - _SHOWN_JOBS} more")
         return "\n".join(lines)
@@ -260,10 +284,10 @@ def _described(match: Mapping[str, Any]) -> str:
     return " with " + ", ".join(f"{key}={shown(value, 80)}" for key, value in match.items())
 
 
-def _job_line(job: Job) -> str:
+def _job_line(job: Job, shown_payload: Any) -> str:
     return (f"job {job.pk}: task={job.task!r} queue={job.queue!r} priority={job.base_priority} "
             f"status={job.status} run_at={job.run_at.isoformat()} "
-            f"payload={shown(job.payload, 200)}")
+            f"payload={shown(shown_payload, 200)}")
 
 
 # --- running due jobs ------------------------------------------------------------------------

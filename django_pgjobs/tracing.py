@@ -25,7 +25,9 @@ from django.core.signals import setting_changed
 
 from .claimed import ClaimedJob
 from .conf import settings
+from .exceptions import PgJobsError
 from .outcomes import Outcome
+from .redaction import database_error_text
 from .status import AttemptOutcome
 from .validation import TRACEPARENT, TRACEPARENT_MAX_LENGTH
 
@@ -184,8 +186,11 @@ def sending(found: Any, jobs: Sequence[Enqueued]) -> Iterator[Sending]:
     else:
         attributes[BATCH_COUNT] = len(jobs)
     name = "send" if destination is None else f"send {destination}"
-    with found.start_as_current_span(name, kind=trace.SpanKind.PRODUCER,
-                                     attributes=attributes) as span:
+    # OpenTelemetry would record an escaping exception whole: a database error's text quotes
+    # the failing row. _refused records what may be shown.
+    with found.start_as_current_span(name, kind=trace.SpanKind.PRODUCER, attributes=attributes,
+                                     record_exception=False,
+                                     set_status_on_exception=False) as span:
         creates: list[Any] = []
         if len(jobs) == 1:
             sending = Sending([span])
@@ -205,9 +210,31 @@ def sending(found: Any, jobs: Sequence[Enqueued]) -> Iterator[Sending]:
             sending = Sending(creates)
         try:
             yield sending
+        except BaseException as exc:
+            _refused(span, exc)
+            raise
         finally:
             for create in creates:
                 create.end()
+
+
+def _refused(span: Any, exc: BaseException) -> None:
+    """Mark an enqueue's span failed by ``exc``, with no data of the rows in it.
+
+    Our own errors are written from checked values; a database error keeps its primary message
+    and SQLSTATE, never its DETAIL or CONTEXT; any other error is named by its type alone.
+    """
+    if not span.is_recording():
+        return
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__}.{kind.__qualname__}")
+    message = str(exc) if isinstance(exc, PgJobsError) else database_error_text(exc)
+    span.set_attribute(ERROR_TYPE, name)
+    span.add_event("exception", {"exception.type": name,
+                                 **({"exception.message": message} if message else {})})
+    trace = _state.trace
+    span.set_status(trace.Status(trace.StatusCode.ERROR, message[:200] if message else None))
 
 
 def _nothing_to_send() -> bool:

@@ -359,8 +359,9 @@ def raise_waiting_priorities(
 ) -> AgingBatch:
     """Age up to ``limit`` ready jobs of one (queue, priority) that waited past an interval.
 
-    Each gains ``step`` per whole ``interval_seconds`` waited since its run_at, over its base
-    priority, up to ``cap``; only ready jobs change, and never downwards.
+    Each gains ``step`` per whole ``interval_seconds`` it has been ready (since its run_at, or
+    its enqueue if later), over its base priority, up to ``cap``; only ready jobs change, and
+    never downwards.
     """
     with connections[using].cursor() as cursor:
         cursor.execute(sql.query("raise_waiting_priorities"), {

@@ -8,9 +8,10 @@ raises its own kind of error with the same words. Nothing here imports the rest 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -49,6 +50,12 @@ LEASE_MAX_SECONDS = 7 * 24 * 3600
 # The longest delay or max age a job may have: ten years. Past that a value is a mistake (a
 # timestamp passed as seconds, 1e300), and PostgreSQL's timestamps would overflow.
 DURATION_MAX_SECONDS = 10 * 365 * 24 * 3600
+DAY_SECONDS = 24 * 3600
+YEAR_SECONDS = 365 * DAY_SECONDS
+# The shortest poll interval a worker takes. Below it an idle worker's wait is about as long as
+# the claim it polls with, and it spins: 1e-300 took three times the CPU of one second.
+MIN_POLL_INTERVAL_SECONDS = 0.01
+POLL_INTERVAL_MAX_SECONDS = 3600.0
 # Control characters forge log lines (a newline starts a new one) and terminals obey some.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CRON_PROBE = datetime(2000, 1, 1, tzinfo=UTC)
@@ -212,19 +219,160 @@ def _span(low: float, high: float, low_inclusive: bool) -> str:
     return f"from {low:g} to {high:g}" if low_inclusive else f"above {low:g} and at most {high:g}"
 
 
+def poll_interval_problem(value: object) -> str | None:
+    """A worker's poll interval: seconds, from the floor that keeps an idle worker idle."""
+    return number_problem(value, MIN_POLL_INTERVAL_SECONDS, POLL_INTERVAL_MAX_SECONDS)
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+Rule = Callable[[object], "str | None"]
+
+
+def _whole(low: int, high: int) -> Rule:
+    return lambda value: whole_number_problem(value, low, high)
+
+
+def _seconds(low: float, high: float, *, low_inclusive: bool = False) -> Rule:
+    return lambda value: number_problem(value, low, high, low_inclusive=low_inclusive)
+
+
+def _queues(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        return f"must be None or a list of queue names, got {shown(value)}"
+    for queue in value:
+        problem = queue_problem(queue)
+        if problem is not None:
+            return f"must be None or a list of queue names: an entry {problem}"
+    return None
+
+
+def _names(what: str) -> Rule:
+    def check(value: object) -> str | None:
+        if isinstance(value, str) or not isinstance(value, list | tuple):
+            return f"must be a list of {what}, got {shown(value)} (a string is not a list)"
+        bad = [item for item in value if not isinstance(item, str) or not item]
+        if bad:
+            return f"must be a list of {what}: {shown(bad[0])} is not a non-empty string"
+        return None
+
+    return check
+
+
+def _retention(value: object) -> str | None:
+    if not isinstance(value, dict) or not set(value) <= {"succeeded", "cancelled", "dead"}:
+        return "must be a dict with keys among succeeded, cancelled, dead"
+    for state, seconds in value.items():
+        if seconds is not None:
+            problem = number_problem(seconds, 0, 100 * YEAR_SECONDS, low_inclusive=False)
+            if problem is not None:
+                return f"[{state!r}] must be None (keep forever) or seconds: {problem}"
+    return None
+
+
+def _backlog_policy(value: object) -> str | None:
+    if not isinstance(value, dict):
+        return 'must be a dict of queue name (or "*" for any other queue) to seconds > 0'
+    for queue, seconds in value.items():
+        if queue != "*" and queue_problem(queue) is not None:
+            return f"has a key that is not a queue name or \"*\": {shown(queue)}"
+        problem = number_problem(seconds, 0, YEAR_SECONDS, low_inclusive=False)
+        if problem is not None:
+            return f"[{queue!r}] {problem}"
+    return None
+
+
+def _tracing(value: object) -> str | None:
+    if value is not None and not isinstance(value, bool):
+        return ("must be None (trace when opentelemetry-api is installed), True or False, "
+                f"got {shown(value)}")
+    if value is True and importlib.util.find_spec("opentelemetry") is None:
+        return "is True but opentelemetry-api is not installed (pip install 'django-pgjobs[otel]')"
+    return None
+
+
+def _prepared_statements(value: object) -> str | None:
+    if value is not None and not isinstance(value, bool):
+        return ("must be None (prepare except where DISABLE_SERVER_SIDE_CURSORS is set), True "
+                f"or False, got {shown(value)}")
+    return None
+
+
+# Every setting but PGJOBS_SCHEDULES (whose entries are schedules: checks.py holds its rule) and
+# its rule, in conf.py's order. The system checks report a value that breaks one as
+# pgjobs.E010; the code that reads a setting asks the same rule (``setting_problem``), for a
+# process that skipped the checks.
+SETTING_RULES: dict[str, Rule] = {
+    "QUEUE": queue_problem,
+    "QUEUES": _queues,
+    "MAX_PAYLOAD_BYTES": _whole(1, 256 * 1024 * 1024),
+    "MAX_PAYLOAD_DEPTH": _whole(1, 1000),
+    "LEASE_SECONDS": _whole(1, LEASE_MAX_SECONDS),
+    "MAX_ATTEMPTS": _whole(1, MAX_ATTEMPTS_LIMIT),
+    "MAX_AGE_SECONDS": _seconds(0, DURATION_MAX_SECONDS),
+    "RETRY_BASE_SECONDS": _seconds(0, YEAR_SECONDS),
+    "RETRY_MAX_SECONDS": _seconds(0, YEAR_SECONDS),
+    "UNKNOWN_TASK_RETRY_SECONDS": _seconds(0, YEAR_SECONDS),
+    "MAX_SNOOZES": _whole(0, 1_000_000),
+    "MAX_SNOOZE_SECONDS": _seconds(0, YEAR_SECONDS),
+    "POLL_INTERVAL_SECONDS": poll_interval_problem,
+    "RESCUE_INTERVAL_SECONDS": _seconds(0, 3600),
+    "RESCUE_BATCH": _whole(1, 100_000),
+    "PROMOTE_BATCH": _whole(1, 100_000),
+    "SETTLE_FLUSH_SECONDS": _seconds(0, 60),
+    "SHUTDOWN_GRACE_SECONDS": _seconds(0, DAY_SECONDS, low_inclusive=True),
+    "BURST_UNREACHABLE_SECONDS": _seconds(0, DAY_SECONDS),
+    "CANCEL_CHECK_SECONDS": _seconds(0, 60),
+    "KILL_GRACE_SECONDS": _seconds(0, 3600),
+    "RECEIPT_RETENTION_SECONDS": _seconds(0, 100 * YEAR_SECONDS),
+    "RETENTION_SECONDS": _retention,
+    "PRUNE_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
+    "PRUNE_BATCH": _whole(1, 100_000),
+    "NOTIFY": bool_problem,
+    "SETTLE_WITH_CLAIM": bool_problem,
+    "PREPARED_STATEMENTS": _prepared_statements,
+    "LISTEN": bool_problem,
+    "AGING_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
+    "AGING_STEP": _whole(0, PRIORITY_MAX - PRIORITY_MIN),
+    "AGING_CAP": _whole(PRIORITY_MIN, PRIORITY_MAX),
+    "AGING_BATCH": _whole(1, 100_000),
+    "BACKLOG_MAX_AGE_SECONDS": _backlog_policy,
+    "BACKLOG_CHECK_INTERVAL_SECONDS": _seconds(0, DAY_SECONDS),
+    "REDACT_KEYS": _names("key names"),
+    "REDACT_NO_KEYS": bool_problem,
+    "HANDLER_MODULES": _names("module names"),
+    "SCHEDULE_INTERVAL_SECONDS": _seconds(0, 3600),
+    "SCHEDULE_BATCH": _whole(1, 10_000),
+    "SCHEDULE_GRACE_SECONDS": _seconds(0, DAY_SECONDS),
+    "TRACING": _tracing,
+    "METRICS_MAX_QUEUES": _whole(1, 10_000),
+}
+
+
+def setting_problem(name: str, value: object) -> str | None:
+    """What is wrong with ``value`` for setting PGJOBS_<name>, or None."""
+    return SETTING_RULES[name](value)
+
+
 __all__ = [
     "CRON_MAX_LENGTH",
+    "DAY_SECONDS",
     "DURATION_MAX_SECONDS",
     "FAIRNESS_KEY_MAX_LENGTH",
     "KEY_MAX_LENGTH",
     "LEASE_MAX_SECONDS",
     "MAX_ATTEMPTS_LIMIT",
+    "MIN_POLL_INTERVAL_SECONDS",
+    "POLL_INTERVAL_MAX_SECONDS",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "QUEUE_NAME",
     "QUEUE_NAME_MAX_LENGTH",
     "QUEUE_NAME_RULE",
     "SCHEDULE_NAME_MAX_LENGTH",
+    "SETTING_RULES",
     "TASK_NAME",
     "TASK_NAME_MAX_LENGTH",
     "TASK_NAME_RULE",
@@ -232,15 +380,18 @@ __all__ = [
     "TRACEPARENT",
     "TRACEPARENT_MAX_LENGTH",
     "TRACE_MAX_LENGTH",
+    "YEAR_SECONDS",
     "bool_problem",
     "choice_problem",
     "cron_problem",
     "duration_problem",
     "escape_control",
     "number_problem",
+    "poll_interval_problem",
     "queue_problem",
     "schedule_name_problem",
     "seconds_of",
+    "setting_problem",
     "shown",
     "storable_text_problem",
     "task_name_problem",

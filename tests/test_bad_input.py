@@ -7,13 +7,16 @@ caller's transaction is not aborted); and the caller's transaction goes on to wr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import suppress
 from datetime import datetime, timedelta
 from decimal import Decimal
+from io import StringIO
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.core.management import call_command
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -25,8 +28,11 @@ from django_pgjobs import (
     PayloadTooLarge,
     UnknownQueue,
     UnknownTask,
+    enqueuing,
+    transitions,
 )
 from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.exceptions import InvalidSetting, NotMigrated
 from django_pgjobs.models import Job
 from tests.handlers import ok
 
@@ -123,6 +129,9 @@ CATALOGUE: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      "payload_version must be a whole number from 1 to 32767"),
     ("payload_version as text", enqueue(payload_version="1"), InvalidJobOption,
      "payload_version must be a whole number"),
+    ("payload_version newer than the handler's", enqueue(payload_version=2), InvalidJobOption,
+     "payload_version 2 is newer than the handler of 'tests.ok' here (version 1): no worker "
+     "running this code could run the job"),
     # --- times ---
     ("naive run_at", enqueue(run_at=datetime(2030, 1, 1)), InvalidJobOption,
      "run_at is a naive datetime"),
@@ -195,6 +204,9 @@ CATALOGUE: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      "using must name a database in DATABASES, got 'other'"),
     ("database alias that is not a string", enqueue(using=3), InvalidJobOption,
      "using must name a database in DATABASES, got 3"),
+    ("database alias of a SQLite database", enqueue(using="lite"), InvalidJobOption,
+     "using names database 'lite', which uses sqlite; django-pgjobs stores jobs in "
+     "PostgreSQL only"),
     ("a JobSpec choosing its database",
      lambda: django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {}, using="default")]),
      InvalidJobOption, "a JobSpec cannot choose its database"),
@@ -222,6 +234,11 @@ CATALOGUE: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      PayloadNotJSON, "payload['kwargs']['detail']['n']: contains a NUL character"),
     ("task arguments over the size limit", lambda: remember.enqueue("x" * 70_000),
      PayloadTooLarge, "over the 65536-byte limit"),
+    ("task argument 10,000 levels deep", lambda: remember.enqueue("x", detail=deep(10_000)),
+     PayloadNotJSON, "not JSON at payload['kwargs']: nested more than 32 levels deep "
+     "(PGJOBS_MAX_PAYLOAD_DEPTH)"),
+    ("task argument 31 levels deep, 33 in the payload",
+     lambda: remember.enqueue(deep(31, "dict")), PayloadNotJSON, "nested more than 32 levels"),
     ("task on a queue name enqueue refuses", lambda: remember.using(queue_name="a b").enqueue("x"),
      InvalidJobOption, "Queue 'a b' is not valid for backend: the queue must be a queue name"),
 ]
@@ -232,8 +249,24 @@ def test_the_catalogue_covers_at_least_sixty_kinds_of_bad_input() -> None:
     assert len({name for name, *_ in CATALOGUE}) == len(CATALOGUE)
 
 
+@pytest.fixture
+def lite_database() -> Iterator[None]:
+    """A SQLite database "lite" beside the PostgreSQL one; nothing is ever sent to it."""
+    connections.settings["lite"] = connections.configure_settings({
+        DEFAULT_DB_ALIAS: dict(connections.settings[DEFAULT_DB_ALIAS]),
+        "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+    })["lite"]
+    try:
+        yield
+    finally:
+        with suppress(AttributeError):  # its wrapper exists once a test has used it
+            del connections["lite"]
+        del connections.settings["lite"]
+
+
 @pytest.mark.parametrize(("call", "error", "message"), [entry[1:] for entry in CATALOGUE],
                          ids=[entry[0] for entry in CATALOGUE])
+@pytest.mark.usefixtures("lite_database")
 def test_bad_input_is_refused_before_any_sql_and_the_transaction_goes_on(
     call: Callable[[], Any], error: type[Exception], message: str
 ) -> None:
@@ -264,3 +297,96 @@ def test_the_payload_depth_follows_the_setting(settings) -> None:
     with pytest.raises(PayloadNotJSON, match="nested more than 3 levels"):
         django_pgjobs.enqueue("tests.ok", deep(4))
     assert Job.objects.count() == 1
+
+
+# --- what the commands print --------------------------------------------------------------------
+
+
+def test_the_queue_listing_prints_a_pause_reason_escaped_on_its_own_line() -> None:
+    forged = "deploy\nother                    running ready=0 running=0\x1b[2J"
+    transitions.pause_queue("mail", actor=transitions.Actor("ops\r"), reason=forged)
+    out = StringIO()
+    call_command("pgjobs_queue", "list", stdout=out)
+    [line] = out.getvalue().splitlines()
+    assert line.startswith("mail                     PAUSED  ready=0 running=0 oldest_ready=- ")
+    assert line.endswith(" by ops\\r: deploy\\nother                    running ready=0 "
+                         "running=0\\x1b[2J)")
+    assert "\x1b" not in out.getvalue()
+
+
+@pytest.mark.parametrize("given", [{"poll_interval": 1e-300}, {"poll_interval": 0.0}, {}])
+def test_a_worker_refuses_a_poll_interval_under_the_floor_from_its_caller_or_the_setting(
+    settings, given: dict[str, float]
+) -> None:
+    from django_pgjobs.worker import Worker
+
+    settings.PGJOBS_POLL_INTERVAL_SECONDS = 1e-300  # a process that skipped the checks
+    value = given.get("poll_interval", 1e-300)
+    with pytest.raises(ValueError) as refused:
+        Worker(install_signals=False, maintenance=[], **given)
+    assert str(refused.value) == (
+        f"poll_interval must be a finite number from 0.01 to 3600, got {value!r}")
+
+
+# --- settings a process that skipped the checks meets at enqueue ------------------------------
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("LEASE_SECONDS", -5, "PGJOBS_LEASE_SECONDS must be a whole number from 1 to 604800, got -5 "
+     "(manage.py check reports it as pgjobs.E010)"),
+    ("MAX_ATTEMPTS", 0, "PGJOBS_MAX_ATTEMPTS must be a whole number from 1 to 1000000, got 0"),
+    ("MAX_AGE_SECONDS", float("nan"), "PGJOBS_MAX_AGE_SECONDS must be a finite number above 0"),
+    ("MAX_PAYLOAD_BYTES", 0, "PGJOBS_MAX_PAYLOAD_BYTES must be a whole number from 1 to"),
+    ("QUEUE", "a b", "PGJOBS_QUEUE must be a queue name"),
+    ("NOTIFY", "yes", "PGJOBS_NOTIFY must be True or False, got 'yes'"),
+])
+def test_a_setting_the_checks_refuse_is_refused_at_enqueue_before_any_sql(
+    settings, name: str, value: Any, message: str
+) -> None:
+    setattr(settings, f"PGJOBS_{name}", value)
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as queries, pytest.raises(InvalidSetting) as raised:
+            django_pgjobs.enqueue("tests.ok", {"card_number": "4111111111111111"})
+        assert str(raised.value).startswith(message), str(raised.value)
+        assert raised.value.setting == f"PGJOBS_{name}"
+        assert queries.captured_queries == []
+        assert Job.objects.count() == 0
+    delattr(settings, f"PGJOBS_{name}")
+    assert django_pgjobs.enqueue("tests.ok", {}).pk is not None
+
+
+# --- a database enqueue cannot write to ---------------------------------------------------------
+
+
+def test_an_unmigrated_database_is_a_named_error_that_leaves_the_callers_transaction_usable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(enqueuing, "_migrated", set())  # as in a process that just started
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # The database as it is before migrate: no job table where the connection looks.
+            cursor.execute("CREATE SCHEMA pgjobs_unmigrated")
+            cursor.execute("SET LOCAL search_path = pgjobs_unmigrated")
+            cursor.execute("CREATE TABLE orders (id int)")
+            cursor.execute("INSERT INTO orders VALUES (1)")
+        for _ in range(2):  # not known to be migrated: every try is refused alike
+            with pytest.raises(NotMigrated) as refused:
+                django_pgjobs.enqueue("tests.ok", {})
+            assert str(refused.value) == (
+                "database 'default' has not been migrated for django-pgjobs (no pgjobs_job "
+                "table, or an older one): run manage.py migrate --database default")
+        with connection.cursor() as cursor:  # the caller's transaction goes on
+            cursor.execute("SELECT count(*) FROM orders")
+            assert cursor.fetchone() == (1,)
+        transaction.set_rollback(True)
+    assert enqueuing._migrated == set()
+    django_pgjobs.enqueue("tests.ok", {})
+    assert enqueuing._migrated == {"default"}
+
+
+def test_a_single_enqueue_on_a_migrated_database_is_one_statement_inside_a_transaction() -> None:
+    django_pgjobs.enqueue("tests.ok", {"first": True})  # the alias is known to be migrated now
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        django_pgjobs.enqueue("tests.ok", {"second": True})
+    [statement] = queries.captured_queries
+    assert "INSERT INTO pgjobs_job" in statement["sql"]

@@ -49,8 +49,13 @@ def test_default_settings_pass() -> None:
          "number from 1 to 268435456, got nan"),
         ("PGJOBS_MAX_PAYLOAD_DEPTH", 0, "PGJOBS_MAX_PAYLOAD_DEPTH must be a whole number"),
         ("PGJOBS_POLL_INTERVAL_SECONDS", -1, "PGJOBS_POLL_INTERVAL_SECONDS must be a finite "
-         "number above 0 and at most 3600, got -1"),
-        ("PGJOBS_POLL_INTERVAL_SECONDS", float("inf"), "must be a finite number above 0"),
+         "number from 0.01 to 3600, got -1"),
+        ("PGJOBS_POLL_INTERVAL_SECONDS", float("inf"), "must be a finite number from 0.01"),
+        ("PGJOBS_POLL_INTERVAL_SECONDS", 1e-300, "must be a finite number from 0.01 to 3600, "
+         "got 1e-300"),
+        ("PGJOBS_REDACT_NO_KEYS", "yes", "PGJOBS_REDACT_NO_KEYS must be True or False"),
+        ("PGJOBS_METRICS_MAX_QUEUES", 0, "PGJOBS_METRICS_MAX_QUEUES must be a whole number from "
+         "1 to 10000, got 0"),
         ("PGJOBS_RETRY_MAX_SECONDS", float("nan"), "PGJOBS_RETRY_MAX_SECONDS must be a finite"),
         ("PGJOBS_SHUTDOWN_GRACE_SECONDS", -1, "PGJOBS_SHUTDOWN_GRACE_SECONDS must be a finite "
          "number from 0 to 86400"),
@@ -67,6 +72,8 @@ def test_default_settings_pass() -> None:
         ("PGJOBS_HANDLER_MODULES", "jobs", "PGJOBS_HANDLER_MODULES must be a list of module "
          "names, got 'jobs' (a string is not a list)"),
         ("PGJOBS_HANDLER_MODULES", ["jobs", 3], "3 is not a non-empty string"),
+        ("PGJOBS_HANDLER_MODULES", 5, "PGJOBS_HANDLER_MODULES must be a list of module names, "
+         "got 5"),
         ("PGJOBS_NOTIFY", "yes", "PGJOBS_NOTIFY must be True or False, got 'yes'"),
         ("PGJOBS_BACKLOG_MAX_AGE_SECONDS", {"*": float("inf")}, "['*'] must be a finite"),
         ("PGJOBS_AGING_CAP", 101, "PGJOBS_AGING_CAP must be a whole number from -100 to 100"),
@@ -158,3 +165,27 @@ def test_the_grace_must_outlast_the_schedule_interval(settings) -> None:
     [error] = check_settings()
     assert error.msg.startswith("PGJOBS_SCHEDULE_GRACE_SECONDS must be longer than "
                                 "PGJOBS_SCHEDULE_INTERVAL_SECONDS")
+
+
+@pytest.mark.parametrize("value", [5, "jobs", ["jobs", None]])
+def test_handler_modules_the_checks_refuse_leave_start_up_to_report_them(settings, value) -> None:
+    from django.apps import apps
+
+    settings.PGJOBS_HANDLER_MODULES = value
+    apps.get_app_config("pgjobs").ready()  # what django.setup() runs before the checks
+    [error] = check_settings()
+    assert error.id == "pgjobs.E010"
+    assert error.msg.startswith("PGJOBS_HANDLER_MODULES must be a list of module names")
+
+
+def test_empty_redact_keys_are_a_warning_naming_the_setting_unless_opted_out(settings) -> None:
+    settings.PGJOBS_REDACT_KEYS = []
+    [warning] = check_settings()
+    assert warning.id == "pgjobs.W003"
+    assert warning.msg.startswith("PGJOBS_REDACT_KEYS is empty, which turns key redaction off")
+    assert "PGJOBS_REDACT_NO_KEYS = True" in warning.hint
+    settings.PGJOBS_REDACT_NO_KEYS = True
+    assert check_settings() == []
+    settings.PGJOBS_REDACT_KEYS = ["password"]
+    settings.PGJOBS_REDACT_NO_KEYS = False
+    assert check_settings() == []

@@ -15,6 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
+import django_pgjobs
 from django_pgjobs import sql
 from django_pgjobs.maintenance import (
     AgingPolicy,
@@ -43,6 +44,11 @@ def ago(seconds: float):
     return timezone.now() - timedelta(seconds=seconds)
 
 
+def waiting(seconds: float, **kwargs) -> Job:
+    """A job due ``seconds`` ago and enqueued before that (ready since its run_at)."""
+    return JobFactory(**{"created_at": ago(2 * 3600), **kwargs}, run_at=ago(seconds))
+
+
 def priorities() -> dict[int, int]:
     return dict(Job.objects.values_list("id", "priority"))
 
@@ -51,18 +57,18 @@ def priorities() -> dict[int, int]:
 
 
 def test_aging_adds_one_step_per_whole_interval_waited_up_to_the_cap() -> None:
-    fresh = JobFactory(run_at=ago(30))
-    one = JobFactory(run_at=ago(90))
-    three = JobFactory(run_at=ago(200))
-    capped = JobFactory(run_at=ago(3600))
-    low = JobFactory(priority=-100, run_at=ago(630))  # 10 intervals: -100 + 100 = 0
-    above_cap = JobFactory(priority=80, run_at=ago(3600))
-    other_queue = JobFactory(queue="reports", priority=5, run_at=ago(150))
+    fresh = waiting(30)
+    one = waiting(90)
+    three = waiting(200)
+    capped = waiting(3600)
+    low = waiting(630, priority=-100)  # 10 intervals: -100 + 100 = 0
+    above_cap = waiting(3600, priority=80)
+    other_queue = waiting(150, queue="reports", priority=5)
     not_ready = [
-        JobFactory(scheduled=True, run_at=ago(3600)),  # due but not promoted yet
-        JobFactory(running=True, run_at=ago(3600)),
-        JobFactory(retrying=True, run_at=ago(3600)),
-        JobFactory(succeeded=True, run_at=ago(3600)),
+        waiting(3600, scheduled=True),  # due but not promoted yet
+        waiting(3600, running=True),
+        waiting(3600, retrying=True),
+        waiting(3600, succeeded=True),
     ]
 
     assert age_priorities(policy=POLICY) == 5
@@ -78,7 +84,7 @@ def test_aging_adds_one_step_per_whole_interval_waited_up_to_the_cap() -> None:
 
 
 def test_aging_counts_the_wait_from_the_base_priority_not_from_the_last_raise() -> None:
-    job = JobFactory(run_at=ago(90))
+    job = waiting(90)
     assert age_priorities(policy=POLICY) == 1
     assert Job.objects.get(pk=job.id).priority == 10
     Job.objects.filter(pk=job.id).update(run_at=ago(250))  # now four intervals waited
@@ -86,13 +92,27 @@ def test_aging_counts_the_wait_from_the_base_priority_not_from_the_last_raise() 
     assert Job.objects.get(pk=job.id).priority == 40
 
 
+def test_aging_counts_only_the_time_a_job_has_been_ready_not_a_run_at_given_in_the_past() -> None:
+    # Enqueued just now, wanted a week ago: it has not waited at all yet.
+    now_enqueued = django_pgjobs.enqueue("tests.ok", {}, priority=-100, run_at=ago(7 * 86400))
+    # Enqueued 130 s ago with a run_at of ten days before: two intervals of waiting.
+    two_intervals = JobFactory(priority=-100, created_at=ago(130), run_at=ago(10 * 86400))
+    # A retry due 70 s ago of a job enqueued a day ago: one interval since it was due again.
+    retried = waiting(70, created_at=ago(86400))
+
+    assert age_priorities(policy=POLICY) == 2
+
+    assert priorities() == {now_enqueued.id: -100, two_intervals.id: -80, retried.id: 10}
+
+
 def test_an_aged_job_overtakes_newer_work_and_ties_break_by_run_at_then_id() -> None:
-    aged = JobFactory(priority=-10, run_at=ago(200))  # 3 intervals: -10 + 30 = 20
-    newer_same = JobFactory(priority=20, run_at=ago(1))
-    newer_lower = JobFactory(priority=10, run_at=ago(2))
+    aged = waiting(200, priority=-10)  # 3 intervals: -10 + 30 = 20
+    newer_same = waiting(1, priority=20)
+    newer_lower = waiting(2, priority=10)
     same_time = ago(130)
-    tie_a = JobFactory(priority=0, run_at=same_time)  # 2 intervals: 20, same run_at as tie_b
-    tie_b = JobFactory(priority=0, run_at=same_time)
+    # 2 intervals: 20, and the same run_at for both
+    tie_a = JobFactory(priority=0, created_at=ago(7200), run_at=same_time)
+    tie_b = JobFactory(priority=0, created_at=ago(7200), run_at=same_time)
     assert [c.id for c in claim_jobs("w", "default", 1)] == [newer_same.id]  # before aging
 
     age_priorities(policy=POLICY)
@@ -103,8 +123,8 @@ def test_an_aged_job_overtakes_newer_work_and_ties_break_by_run_at_then_id() -> 
 
 
 def test_aging_works_in_bounded_batches_and_raises_each_job_once_per_run() -> None:
-    jobs = [JobFactory(run_at=ago(130 + i)) for i in range(5)]  # level 0 -> 20
-    jobs += [JobFactory(priority=10, run_at=ago(70 + i)) for i in range(3)]  # level 10 -> 20
+    jobs = [waiting(130 + i) for i in range(5)]  # level 0 -> 20
+    jobs += [waiting(70 + i, priority=10) for i in range(3)]  # level 10 -> 20
     policy = AgingPolicy(interval_seconds=60, step=10, cap=50, batch=2)
 
     with CaptureQueriesContext(connection) as queries:
@@ -120,7 +140,7 @@ def test_aging_works_in_bounded_batches_and_raises_each_job_once_per_run() -> No
 def test_one_aging_run_stops_at_its_row_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("django_pgjobs.maintenance.BATCHES_PER_RUN", 2)
     for i in range(7):
-        JobFactory(run_at=ago(90 + i))
+        waiting(90 + i)
     policy = AgingPolicy(interval_seconds=60, step=10, cap=50, batch=3)
     assert age_priorities(policy=policy) == 6
     assert age_priorities(policy=policy) == 1
@@ -128,7 +148,7 @@ def test_one_aging_run_stops_at_its_row_budget(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_aging_is_off_when_the_step_is_zero() -> None:
-    job = JobFactory(run_at=ago(3600))
+    job = waiting(3600)
     off = AgingPolicy(interval_seconds=60, step=0, cap=50, batch=10)
     with CaptureQueriesContext(connection) as queries:
         assert age_priorities(policy=off) == 0
@@ -166,8 +186,8 @@ def test_a_bad_aging_policy_is_refused(kwargs: dict, message: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_aging_skips_a_job_a_claim_holds_and_does_not_wait_for_it(other_connection) -> None:
-    held = JobFactory(run_at=ago(90))
-    free = JobFactory(run_at=ago(95))
+    held = waiting(90)
+    free = waiting(95)
     other_connection.set_autocommit(False)
     with other_connection.cursor() as cursor:
         cursor.execute("SET LOCAL lock_timeout = '5s'")

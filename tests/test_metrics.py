@@ -74,6 +74,50 @@ def test_stats_gauges_by_queue_and_status() -> None:
 
 
 @pytest.mark.django_db
+def test_the_gauges_name_the_queues_of_the_largest_backlog_and_sum_the_rest(settings) -> None:
+    settings.PGJOBS_METRICS_MAX_QUEUES = 2
+    settings.PGJOBS_BACKLOG_MAX_AGE_SECONDS = {"big": 3600, "late": 60}
+    now = database_now()
+    JobFactory.create_batch(3, queue="big")
+    JobFactory.create_batch(2, queue="mid")
+    JobFactory(queue="late", run_at=now - timedelta(seconds=90))
+    JobFactory(queue="busy", running=True)
+    JobFactory(queue="later", scheduled=True)
+    JobFactory(queue="later", dead=True)
+    registry = CollectorRegistry()
+    registry.register(StatsCollector())
+
+    samples = parse(exposition(registry))
+
+    by_queue = {dict(labels)["queue"] for (name, labels) in samples if name == "pgjobs_jobs"}
+    assert by_queue == {"big", "mid", "*"}
+    assert [value(samples, "pgjobs_jobs", queue="*", status=status)
+            for status in ("ready", "scheduled", "running", "retrying")] == [1, 1, 1, 0]
+    assert value(samples, "pgjobs_jobs_finished_recent", queue="*", status="dead") == 1
+    age = value(samples, "pgjobs_oldest_ready_age_seconds", queue="*")
+    assert age is not None and 85 <= age <= 300  # the oldest of the folded queues: late's
+    assert value(samples, "pgjobs_backlog_healthy", queue="*") == 0  # late is over its policy
+    assert value(samples, "pgjobs_backlog_max_age_seconds", queue="big") == 3600
+    assert value(samples, "pgjobs_backlog_max_age_seconds", queue="*") is None
+
+
+@pytest.mark.django_db
+def test_two_thousand_queues_export_the_series_of_the_cap_and_one_more_queue() -> None:
+    django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {}, queue=f"q{i}") for i in range(2000)])
+    registry = CollectorRegistry()
+    registry.register(StatsCollector())
+
+    samples = parse(exposition(registry))
+
+    queues = {dict(labels)["queue"] for (name, labels) in samples if name == "pgjobs_jobs"}
+    assert len(queues) == 51 and "*" in queues  # PGJOBS_METRICS_MAX_QUEUES = 50, and the rest
+    # Per queue: four live statuses, two recent terminal ones, the oldest age and health; no
+    # policy is set. Then the two lease gauges.
+    assert len(samples) == 51 * 8 + 2
+    assert value(samples, "pgjobs_jobs", queue="*", status="ready") == 1950
+
+
+@pytest.mark.django_db
 def test_metrics_view_serves_the_gauges(client) -> None:
     JobFactory.create_batch(2, queue="mail")
     response = client.get("/metrics/")

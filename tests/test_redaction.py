@@ -54,7 +54,7 @@ def test_keys_match_whole_words_only() -> None:
     assert redactor.payload({
         "discard_reason": "dup", "passenger": "Ada", "cards": [1], "db_pass": "x",
         "xApiKeyId": "k", "api": "v1", "sessionid": "s", "session_token": "t",
-        "HTTPCardHolder": "Ada", "key": "order:1",
+        "HTTPCardHolder": "Grace", "key": "order:1",
     }) == {
         "discard_reason": "dup", "passenger": "Ada", "cards": REDACTED, "db_pass": REDACTED,
         "xApiKeyId": REDACTED, "api": "v1", "sessionid": "s", "session_token": REDACTED,
@@ -181,6 +181,20 @@ def test_numbers_and_nested_values_under_a_secret_key_are_scrubbed_too() -> None
     assert Redactor(("card",)).text("4242424242424242 / 314 / True", payload) == (
         f"{REDACTED} / {REDACTED} / True"
     )
+
+
+def test_strings_of_a_shown_payload_or_result_are_scrubbed_like_error_text() -> None:
+    redactor = Redactor((*KEYS, "auth"))  # "auth" is among the default keys
+    result = {"receipt": "auth_code=RCPT-4242 at 10:02", "status": "ok", "n": 3,
+              "callback": "https://app:hunter22@hooks.example/x", "token": "tok-123456",
+              "log": ["sent tok-123456"]}
+    assert redactor.payload(result) == {
+        "receipt": f"auth_code={REDACTED} at 10:02", "status": "ok", "n": 3,
+        "callback": f"https://app:{REDACTED}@hooks.example/x", "token": REDACTED,
+        "log": [f"sent {REDACTED}"],
+    }
+    assert redactor.payload("auth_code=RCPT-4242") == f"auth_code={REDACTED}"
+    assert redactor.payload(["password: pw-1", 7, None]) == [f"password: {REDACTED}", 7, None]
 
 
 def test_empty_text_stays_empty() -> None:

@@ -52,6 +52,25 @@ def test_a_failed_assert_lists_the_jobs_of_that_task_and_what_differs() -> None:
     assert "differs: payload['order_id'] is 5, expected 3" in message
 
 
+def test_a_failed_assert_quotes_every_payload_redacted() -> None:
+    card = "4111111111111111"
+    django_pgjobs.enqueue("tests.ok", {"order_id": 4, "card_number": card,
+                                       "billing": {"api_key": "k-9876543210"}})
+    with pytest.raises(AssertionError) as failed:
+        assert_enqueued("tests.ok", payload={"card_number": "4242424242424242"})
+    message = str(failed.value)
+    assert card not in message and "k-9876543210" not in message
+    # (jsonb orders keys by length, then bytes)
+    assert "payload={'billing': {'api_key': '[redacted]'}, 'order_id': 4, 'card_number': " \
+           "'[redacted]'}" in message
+    assert "differs: payload['card_number'] is '[redacted]', expected '4242424242424242'" in (
+        message)
+    with pytest.raises(AssertionError) as failed:
+        assert_enqueued("tests.ok", payload={"billing": {"api_key": {"id": 1}}})
+    assert "differs: payload['billing']['api_key'] is '[redacted]', expected a mapping" in (
+        str(failed.value))
+
+
 def test_a_failed_assert_says_what_else_is_enqueued_or_that_nothing_is() -> None:
     with pytest.raises(AssertionError, match="Nothing is enqueued"):
         assert_enqueued("tests.ok")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from django.core.checks import Error
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 from opentelemetry import trace
@@ -99,6 +99,30 @@ def test_enqueue_records_a_producer_span_and_stores_its_traceparent(traces) -> N
     }
     assert job.traceparent == traceparent_of(send)
     assert Job.objects.get(pk=job.pk).traceparent == traceparent_of(send)
+
+
+def test_an_enqueue_the_database_refuses_is_an_error_span_without_the_rows_data(traces) -> None:
+    secret = "4111111111111111"
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # A rule of the project's own (a CHECK of its DBA, a trigger) that refuses the row:
+            # the server's DETAIL quotes the failing row, payload and all.
+            cursor.execute("ALTER TABLE pgjobs_job ADD CONSTRAINT tests_no_refunds "
+                           "CHECK (payload->>'kind' IS DISTINCT FROM 'refund') NOT VALID")
+        with pytest.raises(IntegrityError) as refused:
+            django_pgjobs.enqueue("tests.ok", {"kind": "refund", "pan": secret}, queue="billing")
+        assert secret in str(refused.value)  # the caller's own exception keeps it all
+        transaction.set_rollback(True)
+    [send] = traces.spans("send billing")
+    assert send.status.status_code == StatusCode.ERROR
+    assert send.attributes["error.type"] == "django.db.utils.IntegrityError"
+    [event] = send.events
+    assert dict(event.attributes) == {
+        "exception.type": "django.db.utils.IntegrityError",
+        "exception.message": 'new row for relation "pgjobs_job" violates check constraint '
+                             '"tests_no_refunds" (SQLSTATE 23514)',
+    }
+    assert send.status.description == event.attributes["exception.message"]
 
 
 def test_every_attempt_is_a_consumer_span_linked_to_the_enqueue(traces) -> None:
@@ -366,7 +390,7 @@ django.setup()
 from django.conf import settings
 if sys.argv[1] == "off":
     settings.PGJOBS_TRACING = False
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 import django_pgjobs
 from django_pgjobs.testing import drain
 

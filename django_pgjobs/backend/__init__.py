@@ -69,9 +69,12 @@ class PgJobsBackend(BaseTaskBackend):
         """Insert the task as a job in the caller's transaction and return its result."""
         # Not at module level: Django builds backends when @task modules are imported, which
         # may be before the models enqueue writes are loaded.
-        from ..enqueuing import enqueue
+        from ..enqueuing import check_nesting, enqueue
 
         self.validate_task(task)
+        # normalize_json recurses: an argument nested past the payload's depth limit is refused
+        # first, by that limit, instead of escaping as a RecursionError.
+        check_nesting({"args": args, "kwargs": kwargs})
         args, kwargs = normalize_json(args), normalize_json(kwargs)
         # The task's module is imported (we hold the Task): nothing new is imported here.
         handler = registry.resolve(task_name(task), may_import=False)

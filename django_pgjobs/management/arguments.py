@@ -6,7 +6,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from django_pgjobs.validation import queue_problem, text_problem
+from django_pgjobs.validation import poll_interval_problem, queue_problem, text_problem
 
 
 def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -42,6 +42,18 @@ def seconds(low: float, high: float, *, low_inclusive: bool = True) -> Callable[
         return value
 
     return parse
+
+
+def poll_interval(text: str) -> float:
+    """Seconds between an idle worker's polls, by the rule of PGJOBS_POLL_INTERVAL_SECONDS."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    problem = poll_interval_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
 def queue_name(text: str) -> str:

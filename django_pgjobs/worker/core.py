@@ -38,7 +38,12 @@ from ..notify import Listener
 from ..outcomes import Outcome
 from ..status import AttemptOutcome
 from ..transitions import claim_jobs, promote_due_jobs, ready_queues, settle_and_claim
-from ..validation import escape_control, queue_problem, whole_number_problem
+from ..validation import (
+    escape_control,
+    poll_interval_problem,
+    queue_problem,
+    whole_number_problem,
+)
 from .aio import DEFAULT_ASYNC_CONCURRENCY, AsyncRunner
 from .connections import (
     Outage,
@@ -158,8 +163,9 @@ class Worker:
         self.poll_interval = float(
             settings.POLL_INTERVAL_SECONDS if poll_interval is None else poll_interval
         )
-        if self.poll_interval <= 0:
-            raise ValueError("poll_interval must be > 0")
+        problem = poll_interval_problem(self.poll_interval)
+        if problem is not None:  # the setting's rule, for a process that skipped the checks
+            raise ValueError(f"poll_interval {problem}")
         self.burst = burst
         self.worker_id = worker_id or default_worker_id()
         self.shutdown_grace = float(

@@ -11,6 +11,7 @@ from django.db import connections
 from django_pgjobs import stats, transitions
 from django_pgjobs.management.arguments import queue_name
 from django_pgjobs.models import QueueState
+from django_pgjobs.validation import escape_control
 
 
 class Command(BaseCommand):
@@ -64,10 +65,14 @@ class Command(BaseCommand):
             self.stdout.write("(no queues)")
         for row in rows:
             age = row["oldest_ready_age_seconds"]
+            # Whoever paused the queue wrote the actor and the reason (the admin takes any
+            # text): escaped, a newline cannot forge a line of this listing, nor an escape
+            # sequence drive the terminal.
+            changed_by, reason = escape_control(row["changed_by"]), escape_control(row["reason"])
             self.stdout.write(
                 f"{row['queue']:<24} {'PAUSED ' if row['paused'] else 'running'} "
                 f"ready={row['ready']} running={row['running']} "
                 f"oldest_ready={'-' if age is None else f'{age:.1f}s'}"
-                + (f"  (since {row['changed_at']} by {row['changed_by'] or '-'}"
-                   f"{': ' + row['reason'] if row['reason'] else ''})" if row["paused"] else "")
+                + (f"  (since {row['changed_at']} by {changed_by or '-'}"
+                   f"{': ' + reason if reason else ''})" if row["paused"] else "")
             )

@@ -10,7 +10,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_pgjobs.management.arguments import label, queue_name, seconds, whole_number
+from django_pgjobs.management.arguments import (
+    label,
+    poll_interval,
+    queue_name,
+    seconds,
+    whole_number,
+)
+from django_pgjobs.validation import MIN_POLL_INTERVAL_SECONDS
 from django_pgjobs.worker import (
     DEFAULT_ASYNC_CONCURRENCY,
     EXIT_DATABASE_UNREACHABLE,
@@ -61,8 +68,9 @@ class Command(BaseCommand):
                             default=DEFAULT_ASYNC_CONCURRENCY,
                             help="async handlers run at once on the worker's event loop "
                                  f"(default {DEFAULT_ASYNC_CONCURRENCY})")
-        parser.add_argument("--poll-interval", type=_SECONDS, default=None,
-                            help="seconds between polls when idle (default "
+        parser.add_argument("--poll-interval", type=poll_interval, default=None,
+                            help="seconds between polls when idle, at least "
+                                 f"{MIN_POLL_INTERVAL_SECONDS:g} (default "
                                  "PGJOBS_POLL_INTERVAL_SECONDS)")
         parser.add_argument("--burst", action="store_true",
                             help="exit 0 once nothing is eligible")
