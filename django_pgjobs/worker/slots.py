@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..claimed import ClaimedJob
 from ..context import JobContext
-from ..executor import execute
+from ..executor import broke_around, execute
 from ..outcomes import Outcome
 from ..registry import Handler, registry
 from ..transitions import cancel_requested
@@ -42,6 +42,8 @@ class Slot:
     job: ClaimedJob | None = None
     heartbeat: bool = False
     abandoned: bool = False
+    # Its thread died of an error in the worker's own code (logged; see Worker._executor).
+    crashed: bool = False
     # Claimed jobs waiting their turn behind ``job``; the watchdog may release them from here.
     waiting: deque[ClaimedJob] = field(default_factory=deque)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -67,9 +69,13 @@ class BatchRunner:
         self.using = using
         self.stopping = stopping
 
-    def run(self, slot: Slot, jobs: list[ClaimedJob]) -> None:
+    def hold(self, slot: Slot, jobs: list[ClaimedJob]) -> None:
+        """Queue a claimed batch in ``slot``: from here on the watchdog can hand it back."""
         with slot.lock:
             slot.waiting.extend(jobs)
+
+    def run(self, slot: Slot) -> None:
+        """Run the jobs waiting in ``slot`` one by one until none is left."""
         while True:
             picked = self._next(slot)
             if picked is None:
@@ -90,7 +96,14 @@ class BatchRunner:
                 self.async_runner.submit(job, ctx, heartbeat=handler.heartbeat)
                 continue
             process = handler is not None and handler.isolation == "process"
-            outcome = self._run_here(slot, job, ctx, process)
+            try:
+                outcome = self._run_here(slot, job, ctx, process)
+            except Exception as exc:  # the worker's own code failed: the job's failure, not
+                # the executor's death (the executor goes on with the rest of its batch)
+                logger.error("worker.job_error worker=%s job=%s task=%s: %s around the job; "
+                             "recorded as its failure", self.worker_id, job.id, job.task,
+                             type(exc).__qualname__)
+                outcome = broke_around(job, exc)
             if outcome is not None:
                 self.settler.put(outcome)
 
