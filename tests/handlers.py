@@ -195,3 +195,12 @@ async def upgrade_fails_async(ctx: JobContext, payload: Any) -> Any:
 @upgrade_fails_async.upgrade(from_version=1)
 def _upgrade_fails_async_v1_to_v2(payload: Any) -> Any:
     raise ValueError(f"cannot upgrade {payload!r}")
+
+
+@job("tests.stuck_past_timeout", timeout=1.0, lease=timedelta(seconds=30), max_attempts=1)
+def stuck_past_timeout(ctx: JobContext, payload: Any) -> str:
+    """Run on past the timeout until the test opens the gate (or 30 s pass), then return."""
+    events.append(("stuck-start", ctx.job_id))
+    gate.wait(30)
+    events.append(("stuck-end", ctx.job_id))
+    return "late"

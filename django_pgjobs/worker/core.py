@@ -60,6 +60,9 @@ RECONNECT_MAX_SECONDS = 5.0
 EXIT_DATABASE_UNREACHABLE = 3
 # The exit status of a worker whose executors all failed (each failure is logged).
 EXIT_EXECUTORS_LOST = 4
+# A thread that cannot be stopped (a handler past its timeout, cancelled, or hung past twice its
+# lease) is given up and its executor replaced, up to this many such threads per executor at once.
+ABANDONED_THREADS_PER_EXECUTOR = 4
 # Each executor holds a database connection; a claim of a batch holds its rows' locks.
 MAX_CONCURRENCY = 100
 MAX_BATCH_SIZE = 1000
@@ -193,6 +196,7 @@ class Worker:
         self.watchdog = Watchdog(
             self.runner, start_slot=lambda: self._start_slot(Slot(len(self._slots))),
             cancel_every=float(settings.CANCEL_CHECK_SECONDS),
+            max_abandoned=ABANDONED_THREADS_PER_EXECUTOR * concurrency,
         )
         # Called with (outcome, applied) after each settlement; metrics hook in here.
         self.settle_listeners: list[Callable[[Outcome, bool], None]] = []
