@@ -27,12 +27,18 @@ PARENT_CHECK_SECONDS = 0.1
 EXIT_ORPHANED = 70
 
 
-def run_jobs(conn: Connection, parent_pid: int) -> None:
-    """Set Django up, then run each job the parent sends and send back its outcome."""
+def run_jobs(conn: Connection, parent_pid: int, using: str, database: str) -> None:
+    """Set Django up, then run each job the parent sends and send back its outcome.
+
+    ``database`` is the name of the database the parent uses for ``using``.
+    """
     die_with_parent(parent_pid)
     import django
 
     django.setup()
+    from django.db import connections
+
+    connections[using].settings_dict["NAME"] = database
     # After setup: these modules need Django's models loaded.
     from .context import JobContext
     from .executor import execute

@@ -20,6 +20,8 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+from django.db import connections
+
 from ..child import run_jobs
 from ..claimed import ClaimedJob
 from ..conf import settings
@@ -83,7 +85,11 @@ class ChildProcess:
     def _ready(self) -> Connection:
         if self._process is None or not self._process.is_alive():
             parent, child = _SPAWN.Pipe()
-            self._process = _SPAWN.Process(target=run_jobs, args=(child, os.getpid()),
+            # The database the parent uses, should its settings have been changed since
+            # start-up (a test run's database): the child reads them afresh.
+            database = connections[self.using].settings_dict["NAME"]
+            self._process = _SPAWN.Process(target=run_jobs,
+                                           args=(child, os.getpid(), self.using, database),
                                            name=f"pgjobs-child {self.worker_id}", daemon=True)
             self._process.start()
             child.close()

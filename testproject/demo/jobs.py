@@ -126,3 +126,11 @@ def process_effects(ctx: JobContext, payload: dict[str, Any]) -> str:
         _ledger(ctx, "process_effect", f"{ctx.job_id}:{n}", started)
         time.sleep(payload.get("every", 0.05))
     return "done"
+
+
+@job("demo.sleep_process", timeout=1.0, max_attempts=1, isolation="process")
+def sleep_process(ctx: JobContext, payload: dict[str, Any]) -> int:
+    """In a child process, sleep as long as asked (past the 1 s timeout, if asked), then say
+    which process ran it."""
+    time.sleep(payload.get("seconds", 0.0))
+    return os.getpid()
