@@ -6,8 +6,9 @@ enqueued in the test's transaction. ``drain`` runs due jobs in the calling threa
 path a worker takes (``transitions.claim_jobs``, ``executor.execute``, ``transitions.settle``),
 one job at a time, until nothing is due; it works inside Django's ``TestCase`` (the test's
 transaction) and ``TransactionTestCase`` alike. Timeouts end attempts as a worker ends them, and
-outside the test's transaction a process-isolated handler runs in a child process. docs/testing.md shows them in use; the pytest
-plugin (``django_pgjobs.pytest_plugin``) hands them out as the ``pgjobs`` fixture.
+outside the test's transaction a process-isolated handler runs in a child process.
+docs/testing.md shows them in use; the pytest plugin (``django_pgjobs.pytest_plugin``) hands
+them out as the ``pgjobs`` fixture.
 """
 
 from __future__ import annotations
