@@ -219,3 +219,21 @@ def test_a_process_isolated_handler_writes_nothing_after_its_worker_is_killed(st
             os.kill(child, signal.SIGKILL)
     assert list(LedgerEntry.objects.filter(job_id=job.pk, id__gt=last_before_kill)) == []
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING  # until its lease runs out
+
+
+def test_an_upgrade_that_raises_fails_its_job_and_the_worker_goes_on_printing_no_payload(
+    start_worker,
+):
+    broken = django_pgjobs.enqueue("demo.upgraded", {"password": "hunter2-secret"},
+                                   payload_version=1, priority=10)
+    after = django_pgjobs.enqueue("demo.noop", {"n": 1})
+    worker = start_worker("--poll-interval", "0.1", PGJOBS_LOG_LEVEL="DEBUG")
+    wait_for(lambda: Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED, 60)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    stored = Job.objects.get(pk=broken.pk)
+    assert (stored.status, stored.failure_class, stored.attempts) == (
+        JobStatus.DEAD, FailureClass.PERMANENT, 1)
+    assert stored.last_error == ("payload upgrade from version 1 failed: ValueError: cannot "
+                                 "upgrade {'password': [redacted]}: no account_id")
+    assert "hunter2-secret" not in worker.output()
