@@ -92,6 +92,17 @@ def timed_out(job: ClaimedJob, *, ran_seconds: float) -> Outcome:
     )
 
 
+def broke_around(job: ClaimedJob, exc: BaseException) -> Outcome:
+    """The outcome of a job whose run failed outside its handler (in the worker's own code).
+
+    The job fails like one whose handler raised something unknown, scrubbed the same way, and
+    the retry policy decides what follows: the worker goes on with its other jobs.
+    """
+    return _failed(job, time.monotonic(), FailureClass.UNKNOWN,
+                   f"the worker failed around the job: {_describe(exc)}",
+                   "".join(traceback.format_exception(exc)))
+
+
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
@@ -115,6 +126,12 @@ def _prepare(job: ClaimedJob, started: float) -> tuple[Handler, Any] | Outcome:
         return handler, upgrade_payload(handler, job.payload, job.payload_version)
     except LookupError as exc:  # a missing upgrade step: no retry can decode this payload
         return _failed(job, started, FailureClass.PERMANENT, _describe(exc), "")
+    except BaseException as exc:
+        # An upgrade step's error is the job's, as a handler's is: recorded and scrubbed, never
+        # the worker's crash. The same payload fails the same step again: no retry would help.
+        return _failed(job, started, FailureClass.PERMANENT,
+                       f"payload upgrade from version {job.payload_version} failed: "
+                       f"{_describe(exc)}", "".join(traceback.format_exception(exc)))
 
 
 def _raised(job: ClaimedJob, handler: Handler, started: float, exc: BaseException) -> Outcome:

@@ -5,13 +5,17 @@
 enqueued in the test's transaction. ``drain`` runs due jobs in the calling thread through the
 path a worker takes (``transitions.claim_jobs``, ``executor.execute``, ``transitions.settle``),
 one job at a time, until nothing is due; it works inside Django's ``TestCase`` (the test's
-transaction) and ``TransactionTestCase`` alike. docs/testing.md shows them in use; the pytest
-plugin (``django_pgjobs.pytest_plugin``) hands them out as the ``pgjobs`` fixture.
+transaction) and ``TransactionTestCase`` alike. Timeouts end attempts as a worker ends them, and
+outside the test's transaction a process-isolated handler runs in a child process.
+docs/testing.md shows them in use; the pytest plugin (``django_pgjobs.pytest_plugin``) hands
+them out as the ``pgjobs`` fixture.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,12 +29,14 @@ from psycopg import pq
 
 from .claimed import ClaimedJob
 from .context import JobContext
-from .executor import execute
+from .executor import broke_around, execute, timed_out
 from .models import Job
+from .outcomes import Outcome
 from .registry import DJANGO_TASK_PREFIX, Handler, redactor_for, registry
 from .status import WAITING_STATUSES, AttemptOutcome, JobStatus
 from .transitions import claim_jobs, promote_jobs_due_by, ready_queues, settle
 from .validation import queue_problem, seconds_of, shown, whole_number_problem
+from .worker.isolation import ChildProcess
 
 # The worker id drain claims under, as attempts and leases record it.
 WORKER_ID = "pgjobs-testing"
@@ -424,17 +430,12 @@ def _claim_next(queues: list[str] | None, using: str) -> ClaimedJob | None:
 
 def _run(job: ClaimedJob, using: str) -> JobRun:
     connection = connections[using]
-    ctx = JobContext(job, worker_id=WORKER_ID, using=using)
-    # In the test's transaction a handler's failed statement would abort everything after it
-    # (outside one, as in a worker, it fails alone): run the attempt in a savepoint, and roll
-    # back to it only when the handler left the transaction aborted. None outside a transaction.
-    savepoint = connection.savepoint() if connection.in_atomic_block else None
-    outcome = execute(job, ctx)
-    if savepoint is not None:
-        if _aborted(connection):
-            connection.savepoint_rollback(savepoint)
-        else:
-            connection.savepoint_commit(savepoint)
+    handler = registry.resolve(job.task)
+    if (handler is not None and handler.isolation == "process"
+            and not connection.in_atomic_block):
+        outcome = _run_in_child(job, using)
+    else:
+        outcome = _run_here(job, using, connection)
     applied = settle([outcome], using=using)[outcome.lease_token]
     return JobRun(
         job_id=job.id, task=job.task, attempt=job.attempt,
@@ -444,6 +445,55 @@ def _run(job: ClaimedJob, using: str) -> JobRun:
         result=None if outcome.result_json is None else json.loads(outcome.result_json),
         error=outcome.error, failure_class=outcome.failure_class, traceback=outcome.traceback,
     )
+
+
+def _run_here(job: ClaimedJob, using: str, connection: BaseDatabaseWrapper) -> Outcome:
+    """Run ``job``'s handler in this thread; past its timeout, the outcome a worker records."""
+    ctx = JobContext(job, worker_id=WORKER_ID, using=using)
+    # In the test's transaction a handler's failed statement would abort everything after it
+    # (outside one, as in a worker, it fails alone): run the attempt in a savepoint, and roll
+    # back to it only when the handler left the transaction aborted. None outside a transaction.
+    savepoint = connection.savepoint() if connection.in_atomic_block else None
+    started = time.monotonic()
+    outcome = execute(job, ctx)
+    ran = time.monotonic() - started
+    if savepoint is not None:
+        if _aborted(connection):
+            connection.savepoint_rollback(savepoint)
+        else:
+            connection.savepoint_commit(savepoint)
+    if job.timeout_seconds is not None and ran >= job.timeout_seconds:
+        # A worker settles the job at its timeout, whatever the handler reports later.
+        return timed_out(job, ran_seconds=ran)
+    return outcome
+
+
+def _run_in_child(job: ClaimedJob, using: str) -> Outcome:
+    """Run a process-isolated ``job`` in a child process, killed at its timeout, as a worker
+    does. Only outside a transaction: a child cannot see what the test's transaction wrote."""
+    child = ChildProcess(worker_id=WORKER_ID, using=using)
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        child.kill()
+
+    timer = None if job.timeout_seconds is None else threading.Timer(job.timeout_seconds, kill)
+    started = time.monotonic()
+    try:
+        if timer is not None:
+            timer.start()
+        outcome = child.run(job)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        child.close()
+    if outcome is not None:
+        return outcome
+    if killed.is_set():
+        return timed_out(job, ran_seconds=time.monotonic() - started)
+    # A worker would leave the job to its lease and the rescue step: here it fails at once.
+    return broke_around(job, ChildProcessError("the child process running the job died"))
 
 
 def _aborted(connection: BaseDatabaseWrapper) -> bool:

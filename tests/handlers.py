@@ -173,3 +173,34 @@ async def current_span_async(ctx: JobContext, payload: Any) -> str:
     from opentelemetry import trace
 
     return f"{trace.get_current_span().get_span_context().span_id:016x}"
+
+
+@job("tests.upgrade_fails", version=2)
+def upgrade_fails(ctx: JobContext, payload: Any) -> Any:
+    """Never reached from version 1: its upgrade raises, quoting the payload it was given."""
+    return payload
+
+
+@upgrade_fails.upgrade(from_version=1)
+def _upgrade_fails_v1_to_v2(payload: Any) -> Any:
+    raise ValueError(f"cannot upgrade {payload!r}")
+
+
+@job("tests.upgrade_fails_async", version=2)
+async def upgrade_fails_async(ctx: JobContext, payload: Any) -> Any:
+    """tests.upgrade_fails for an async handler, run on the worker's event loop."""
+    return payload
+
+
+@upgrade_fails_async.upgrade(from_version=1)
+def _upgrade_fails_async_v1_to_v2(payload: Any) -> Any:
+    raise ValueError(f"cannot upgrade {payload!r}")
+
+
+@job("tests.stuck_past_timeout", timeout=1.0, lease=timedelta(seconds=30), max_attempts=1)
+def stuck_past_timeout(ctx: JobContext, payload: Any) -> str:
+    """Run on past the timeout until the test opens the gate (or 30 s pass), then return."""
+    events.append(("stuck-start", ctx.job_id))
+    gate.wait(30)
+    events.append(("stuck-end", ctx.job_id))
+    return "late"

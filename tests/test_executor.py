@@ -165,3 +165,16 @@ def test_errors_are_scrubbed_before_they_are_cut() -> None:
         assert "sk_live" not in stored and "ABCDEF" not in stored
         assert "pw-123456" not in stored
     assert "postgres://app:[redacted]@db/x" in attempt.traceback
+
+
+def test_an_upgrade_that_raises_ends_the_job_dead_as_permanent_with_its_secret_scrubbed() -> None:
+    job, attempt = run_one("tests.upgrade_fails", {"password": "hunter2-secret", "n": 1},
+                           payload_version=1, max_attempts=5)
+    assert (job.status, job.terminal_reason, job.failure_class, job.attempts) == (
+        JobStatus.DEAD, TerminalReason.PERMANENT_ERROR, FailureClass.PERMANENT, 1)
+    assert job.last_error == ("payload upgrade from version 1 failed: ValueError: cannot "
+                              "upgrade {'n': 1, 'password': [redacted]}")
+    assert attempt.outcome == AttemptOutcome.DEAD
+    assert "_upgrade_fails_v1_to_v2" in attempt.traceback
+    for text in (job.last_error, attempt.error, attempt.traceback):
+        assert "hunter2-secret" not in text

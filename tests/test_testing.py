@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from importlib.metadata import entry_points
 
@@ -348,3 +349,36 @@ def test_the_pgjobs_fixture_in_a_transactional_test(pgjobs) -> None:
     assert not connection.in_atomic_block
     [run] = pgjobs.drain()
     assert run.succeeded and Job.objects.get(pk=run.job_id).status == JobStatus.SUCCEEDED
+
+
+# --- timeouts and process isolation, as a worker enforces them ----------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_drain_runs_a_process_isolated_handler_in_a_child_process() -> None:
+    django_pgjobs.enqueue("demo.sleep_process", {"seconds": 0})
+    [run] = drain()
+    assert (run.outcome, run.status) == (AttemptOutcome.SUCCEEDED, JobStatus.SUCCEEDED)
+    assert isinstance(run.result, int) and run.result != os.getpid()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_drain_kills_a_process_isolated_handler_at_its_timeout_as_a_worker_does() -> None:
+    job = django_pgjobs.enqueue("demo.sleep_process", {"seconds": 30})
+    [run] = drain()
+    assert (run.outcome, run.status, run.failure_class) == (
+        AttemptOutcome.TIMED_OUT, JobStatus.DEAD, FailureClass.TIMEOUT)
+    assert run.error.startswith("timed out: still running after ")
+    assert run.error.endswith(" (timeout 1s)")
+    assert Job.objects.get(pk=job.pk).status == JobStatus.DEAD
+
+
+def test_in_the_tests_transaction_a_handler_past_its_timeout_is_settled_timed_out() -> None:
+    # A child could not see the test's transaction: the handler runs here, and a worker's
+    # outcome is recorded once it returns.
+    job = django_pgjobs.enqueue("demo.sleep_process", {"seconds": 1.5})
+    [run] = drain()
+    assert (run.outcome, run.status, run.failure_class) == (
+        AttemptOutcome.TIMED_OUT, JobStatus.DEAD, FailureClass.TIMEOUT)
+    assert run.result is None
+    assert Job.objects.get(pk=job.pk).status == JobStatus.DEAD

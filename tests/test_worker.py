@@ -11,9 +11,10 @@ import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
-from django_pgjobs.status import AttemptOutcome, JobStatus
+from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
 from django_pgjobs.transitions import claim_jobs, rescue_expired_leases, settle
-from django_pgjobs.worker import Worker
+from django_pgjobs.worker import EXIT_EXECUTORS_LOST, Worker
+from django_pgjobs.worker.core import ABANDONED_THREADS_PER_EXECUTOR
 from tests import handlers
 from tests.conftest import wait_for
 
@@ -381,3 +382,85 @@ def test_the_settler_logs_a_database_error_without_the_data_it_quotes(caplog) ->
     assert "hunter22" not in caplog.text and "CONTEXT" not in caplog.text
     # The report was stored without its result, and the job settled.
     assert Job.objects.get(pk=claimed.id).status == JobStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("task", ["tests.upgrade_fails", "tests.upgrade_fails_async"])
+def test_an_upgrade_that_raises_fails_its_job_and_the_worker_runs_the_next_one(
+    task, caplog
+) -> None:
+    caplog.set_level("DEBUG")
+    broken = django_pgjobs.enqueue(task, {"password": "hunter2-secret"}, payload_version=1,
+                                   priority=10)
+    after = django_pgjobs.enqueue("tests.ok", {"after": "upgrade"})
+    worker = Worker(batch_size=1, burst=True, install_signals=False, poll_interval=0.05)
+    assert worker.run() == 0
+    stored = Job.objects.get(pk=broken.pk)
+    assert (stored.status, stored.failure_class, stored.attempts) == (
+        JobStatus.DEAD, FailureClass.PERMANENT, 1)
+    assert stored.last_error.startswith("payload upgrade from version 1 failed: ValueError")
+    assert Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED
+    assert worker.counters.settled == {"dead": 1, "succeeded": 1}
+    assert "hunter2-secret" not in caplog.text + stored.last_error
+
+
+def test_an_executor_that_fails_outside_a_job_hands_its_jobs_back_and_the_worker_exits_4(
+    caplog
+) -> None:
+    jobs = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"i": i}) for i in range(3)])
+    worker = Worker(batch_size=3, install_signals=False, poll_interval=0.05)
+
+    def broken_listener(claimed: list) -> None:
+        raise RuntimeError("a claim listener failed")
+
+    worker.claim_listeners.append(broken_listener)
+    assert worker.run() == EXIT_EXECUTORS_LOST
+    assert worker.counters.claimed == 3
+    assert [Job.objects.get(pk=j.pk).status for j in jobs] == [JobStatus.READY] * 3
+    assert list(Attempt.objects.values_list("outcome", flat=True)) == [
+        AttemptOutcome.RELEASED] * 3
+    died = [r for r in caplog.records if "worker.executor_died" in r.getMessage()]
+    assert len(died) == 1 and "RuntimeError" in died[0].getMessage()
+
+
+def test_a_thread_that_runs_on_after_its_timeout_gives_its_executor_back(caplog) -> None:
+    stuck = django_pgjobs.enqueue("tests.stuck_past_timeout", {})
+    worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
+    thread = run_in_thread(worker)
+    try:
+        wait_for(lambda: Job.objects.get(pk=stuck.pk).status == JobStatus.DEAD, 20)
+        after = django_pgjobs.enqueue("tests.ok", {"while": "stuck"})
+        # One executor, still inside the timed-out handler: a second job runs all the same.
+        wait_for(lambda: Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED, 20)
+        assert ("stuck-end", stuck.pk) not in handlers.events
+    finally:
+        handlers.gate.set()
+    wait_for(lambda: worker.counters.lost == 1, 10)  # the handler's late report
+    worker.stop()
+    thread.join(10)
+    stored = Job.objects.get(pk=stuck.pk)
+    assert (stored.status, stored.failure_class) == (JobStatus.DEAD, FailureClass.TIMEOUT)
+    # The late report of the handler that ran on is recorded against its attempt, and lost.
+    assert list(Attempt.objects.filter(job_id=stuck.pk).values_list(
+        "outcome", "reported_outcome")) == [(AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED)]
+    assert ("stuck-end", stuck.pk) in handlers.events
+    assert len([r for r in caplog.records if "worker.abandon " in r.getMessage()]) == 1
+
+
+def test_past_the_limit_of_given_up_threads_a_stuck_executor_keeps_its_slot(caplog) -> None:
+    limit = ABANDONED_THREADS_PER_EXECUTOR
+    stuck = [django_pgjobs.enqueue("tests.stuck_past_timeout", {"n": n}, priority=100 - n)
+             for n in range(limit + 1)]
+    worker = Worker(install_signals=False, batch_size=1, poll_interval=0.05, maintenance=[])
+    thread = run_in_thread(worker)
+    try:
+        # The first stuck threads are replaced, up to the limit; the one after is not.
+        wait_for(lambda: any("worker.abandon_limit" in r.getMessage() and f"job={stuck[-1].pk} "
+                             in r.getMessage() for r in caplog.records), 60)
+        assert [s.abandoned for s in worker._slots] == [True] * limit + [False]
+        wait_for(lambda: {Job.objects.get(pk=j.pk).status for j in stuck} == {
+            JobStatus.DEAD}, 20)
+    finally:
+        handlers.gate.set()
+    worker.stop()
+    thread.join(10)
+    assert not thread.is_alive()

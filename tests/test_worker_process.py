@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from django.db import connection
 
 import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
+from testproject.demo.models import LedgerEntry
 from tests.conftest import MANAGE, ROOT, wait_for, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -157,3 +162,80 @@ def test_a_long_running_worker_keeps_retrying_an_unreachable_database():
     assert proc.returncode == 0, stderr
     assert stderr.count("worker.database_error") >= 3
     assert "worker.give_up" not in stderr
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` and that run a spawned Python child."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        # The second field (the command) may hold spaces: the fields after it follow ") ".
+        state, ppid = stat.rpartition(") ")[2].split()[:2]
+        if int(ppid) == pid and state != "Z" and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (exited, or killed and left unreaped as a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(") ")[2].split()[0] == "Z"
+
+
+def inserts_running() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                       "AND query LIKE 'INSERT INTO \"demo_ledgerentry\"%%'")
+        return bool(cursor.fetchone()[0])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_process_isolated_handler_writes_nothing_after_its_worker_is_killed(start_worker):
+    job = django_pgjobs.enqueue("demo.process_effects", {"count": 2000, "every": 0.02})
+    worker = start_worker("--poll-interval", "0.1")
+    wait_for(lambda: LedgerEntry.objects.filter(job_id=job.pk).count() >= 5, 60)
+    [child] = wait_for(lambda: children_of(worker.pid), 30)
+    try:
+        # Freeze the child between two rows, so the last row before the kill is known: once
+        # its statement in flight (if any) has finished, nothing more can come from it.
+        os.kill(child, signal.SIGSTOP)
+        wait_for(lambda: not inserts_running(), 30)
+        last_before_kill = LedgerEntry.objects.filter(job_id=job.pk).latest("id").id
+        worker.signal(signal.SIGKILL)
+        assert worker.wait(30) == -signal.SIGKILL
+        # A child that survived its worker would go on writing once it runs again.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGCONT)
+        wait_for(lambda: gone(child), 30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    assert list(LedgerEntry.objects.filter(job_id=job.pk, id__gt=last_before_kill)) == []
+    assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING  # until its lease runs out
+
+
+def test_an_upgrade_that_raises_fails_its_job_and_the_worker_goes_on_printing_no_payload(
+    start_worker,
+):
+    broken = django_pgjobs.enqueue("demo.upgraded", {"password": "hunter2-secret"},
+                                   payload_version=1, priority=10)
+    after = django_pgjobs.enqueue("demo.noop", {"n": 1})
+    worker = start_worker("--poll-interval", "0.1", PGJOBS_LOG_LEVEL="DEBUG")
+    wait_for(lambda: Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED, 60)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    stored = Job.objects.get(pk=broken.pk)
+    assert (stored.status, stored.failure_class, stored.attempts) == (
+        JobStatus.DEAD, FailureClass.PERMANENT, 1)
+    assert stored.last_error == ("payload upgrade from version 1 failed: ValueError: cannot "
+                                 "upgrade {'password': [redacted]}: no account_id")
+    assert "hunter2-secret" not in worker.output()

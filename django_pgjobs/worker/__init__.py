@@ -11,6 +11,7 @@ from .aio import DEFAULT_ASYNC_CONCURRENCY
 from .connections import database_target
 from .core import (
     EXIT_DATABASE_UNREACHABLE,
+    EXIT_EXECUTORS_LOST,
     MAX_ASYNC_CONCURRENCY,
     MAX_BATCH_SIZE,
     MAX_CONCURRENCY,
@@ -22,6 +23,7 @@ from .queues import weighted_rotation
 __all__ = [
     "DEFAULT_ASYNC_CONCURRENCY",
     "EXIT_DATABASE_UNREACHABLE",
+    "EXIT_EXECUTORS_LOST",
     "MAX_ASYNC_CONCURRENCY",
     "MAX_BATCH_SIZE",
     "MAX_CONCURRENCY",

@@ -21,7 +21,7 @@ from django.db import connections
 
 from ..claimed import ClaimedJob
 from ..context import JobContext
-from ..executor import aexecute
+from ..executor import aexecute, broke_around
 from .running import RunningJob, RunningJobs
 from .settler import Settler
 
@@ -113,6 +113,11 @@ class AsyncRunner:
             self.settler.watch(ctx)
         try:
             outcome = await aexecute(job, ctx)
+        except Exception as exc:  # the worker's own code failed: the job's failure
+            logger.error("worker.job_error worker=%s job=%s task=%s: %s around the job; "
+                         "recorded as its failure", self.worker_id, job.id, job.task,
+                         type(exc).__qualname__)
+            outcome = broke_around(job, exc)
         finally:
             if heartbeat:
                 self.settler.unwatch(ctx)
@@ -124,8 +129,9 @@ class AsyncRunner:
             self._futures.discard(future)
         self._places.release()
         if not future.cancelled() and future.exception() is not None:
+            # The type only: an exception's text may quote a payload, which logs must not show.
             logger.error("worker.async worker=%s: a job's task failed outside its handler: %s",
-                         self.worker_id, future.exception())
+                         self.worker_id, type(future.exception()).__qualname__)
 
 
 __all__ = ["DEFAULT_ASYNC_CONCURRENCY", "AsyncRunner"]

@@ -63,6 +63,11 @@ logger = logging.getLogger("django_pgjobs.worker")
 RECONNECT_MAX_SECONDS = 5.0
 # The exit status of a --burst worker that gave up on a database it could not reach.
 EXIT_DATABASE_UNREACHABLE = 3
+# The exit status of a worker whose executors all failed (each failure is logged).
+EXIT_EXECUTORS_LOST = 4
+# A thread that cannot be stopped (a handler past its timeout, cancelled, or hung past twice its
+# lease) is given up and its executor replaced, up to this many such threads per executor at once.
+ABANDONED_THREADS_PER_EXECUTOR = 4
 # Each executor holds a database connection; a claim of a batch holds its rows' locks.
 MAX_CONCURRENCY = 100
 MAX_BATCH_SIZE = 1000
@@ -197,6 +202,7 @@ class Worker:
         self.watchdog = Watchdog(
             self.runner, start_slot=lambda: self._start_slot(Slot(len(self._slots))),
             cancel_every=float(settings.CANCEL_CHECK_SECONDS),
+            max_abandoned=ABANDONED_THREADS_PER_EXECUTOR * concurrency,
         )
         # Called with (outcome, applied) after each settlement; metrics hook in here.
         self.settle_listeners: list[Callable[[Outcome, bool], None]] = []
@@ -215,7 +221,8 @@ class Worker:
     def run(self) -> int:
         """Run until stopped (signal, ``stop()``, burst finished or max jobs).
 
-        Return 0, or ``EXIT_DATABASE_UNREACHABLE`` when a burst worker gave up on its database.
+        Return 0, ``EXIT_DATABASE_UNREACHABLE`` when a burst worker gave up on its database, or
+        ``EXIT_EXECUTORS_LOST`` when every executor failed.
         """
         previous = self._install_signal_handlers()
         logger.info("worker.start worker=%s queues=%s concurrency=%d batch=%d burst=%s "
@@ -331,6 +338,10 @@ class Worker:
         while not self._stop.is_set():
             # Done when no executor claims any more and no async job is left to look after.
             if not any(slot.alive for slot in self._slots) and not self.async_runner.in_flight():
+                if any(slot.crashed for slot in self._slots):
+                    logger.error("worker.executors_lost worker=%s: every executor failed; "
+                                 "exiting with status %d", self.worker_id, EXIT_EXECUTORS_LOST)
+                    self.exit_code = EXIT_EXECUTORS_LOST
                 return
             now = time.monotonic()
             for step in self.steps:
@@ -428,9 +439,19 @@ class Worker:
                 self.counters.add_claimed(len(jobs))
                 if logger.isEnabledFor(logging.DEBUG):
                     self._log_claimed(jobs)
+                self.runner.hold(slot, jobs)
                 for listener in self.claim_listeners:
                     listener(jobs)
-                self.runner.run(slot, jobs)
+                self.runner.run(slot)
+        except BaseException as exc:
+            # A job's failure never reaches here (the runner records it as the job's outcome):
+            # this is the executor's own code. It must not die unseen: its unstarted jobs go
+            # back, it is logged, and a worker left with no executor exits non-zero.
+            slot.crashed = True
+            with slot.lock:
+                self.runner.release_waiting(slot, "its executor failed")
+            logger.error("worker.executor_died worker=%s executor=%d: %s", self.worker_id,
+                         slot.index, type(exc).__qualname__, exc_info=exc)
         finally:
             connections.close_all()
 
@@ -508,6 +529,7 @@ class Worker:
 
 __all__ = [
     "EXIT_DATABASE_UNREACHABLE",
+    "EXIT_EXECUTORS_LOST",
     "MAX_ASYNC_CONCURRENCY",
     "MAX_BATCH_SIZE",
     "MAX_CONCURRENCY",

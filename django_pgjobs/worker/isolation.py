@@ -6,7 +6,8 @@ Django up itself, never a fork of a threaded worker) and reuses it for the next 
 runs the job with its own database connection, so leases, heartbeats, receipts and the result
 work exactly as in a thread, and sends the outcome back. To stop a job the worker terminates the
 child (SIGTERM, then SIGKILL after PGJOBS_KILL_GRACE_SECONDS); the slot starts a new one for its
-next process-isolated job.
+next process-isolated job. A child never outlives the worker (see ``child``): the kernel kills
+it when the executor thread that started it ends, the worker's death included.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import threading
 from multiprocessing.connection import Connection
 from typing import Any
+
+from django.db import connections
 
 from ..child import run_jobs
 from ..claimed import ClaimedJob
@@ -81,7 +85,11 @@ class ChildProcess:
     def _ready(self) -> Connection:
         if self._process is None or not self._process.is_alive():
             parent, child = _SPAWN.Pipe()
-            self._process = _SPAWN.Process(target=run_jobs, args=(child,),
+            # The database the parent uses, should its settings have been changed since
+            # start-up (a test run's database): the child reads them afresh.
+            database = connections[self.using].settings_dict["NAME"]
+            self._process = _SPAWN.Process(target=run_jobs,
+                                           args=(child, os.getpid(), self.using, database),
                                            name=f"pgjobs-child {self.worker_id}", daemon=True)
             self._process.start()
             child.close()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..claimed import ClaimedJob
 from ..context import JobContext
-from ..executor import execute
+from ..executor import broke_around, execute
 from ..outcomes import Outcome
 from ..registry import Handler, registry
 from ..transitions import cancel_requested
@@ -42,6 +42,8 @@ class Slot:
     job: ClaimedJob | None = None
     heartbeat: bool = False
     abandoned: bool = False
+    # Its thread died of an error in the worker's own code (logged; see Worker._executor).
+    crashed: bool = False
     # Claimed jobs waiting their turn behind ``job``; the watchdog may release them from here.
     waiting: deque[ClaimedJob] = field(default_factory=deque)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -67,9 +69,13 @@ class BatchRunner:
         self.using = using
         self.stopping = stopping
 
-    def run(self, slot: Slot, jobs: list[ClaimedJob]) -> None:
+    def hold(self, slot: Slot, jobs: list[ClaimedJob]) -> None:
+        """Queue a claimed batch in ``slot``: from here on the watchdog can hand it back."""
         with slot.lock:
             slot.waiting.extend(jobs)
+
+    def run(self, slot: Slot) -> None:
+        """Run the jobs waiting in ``slot`` one by one until none is left."""
         while True:
             picked = self._next(slot)
             if picked is None:
@@ -90,7 +96,14 @@ class BatchRunner:
                 self.async_runner.submit(job, ctx, heartbeat=handler.heartbeat)
                 continue
             process = handler is not None and handler.isolation == "process"
-            outcome = self._run_here(slot, job, ctx, process)
+            try:
+                outcome = self._run_here(slot, job, ctx, process)
+            except Exception as exc:  # the worker's own code failed: the job's failure, not
+                # the executor's death (the executor goes on with the rest of its batch)
+                logger.error("worker.job_error worker=%s job=%s task=%s: %s around the job; "
+                             "recorded as its failure", self.worker_id, job.id, job.task,
+                             type(exc).__qualname__)
+                outcome = broke_around(job, exc)
             if outcome is not None:
                 self.settler.put(outcome)
 
@@ -157,24 +170,35 @@ class Watchdog:
     """Looks over the slots and the running jobs from the worker's main thread."""
 
     def __init__(
-        self, runner: BatchRunner, *, start_slot: Callable[[], None], cancel_every: float
+        self, runner: BatchRunner, *, start_slot: Callable[[], None], cancel_every: float,
+        max_abandoned: int,
     ) -> None:
         self.runner = runner
         self.start_slot = start_slot
         self.cancel_every = cancel_every
+        # At most this many given-up threads run on at once, each with its replacement; past
+        # it, a stuck thread keeps its slot and the worker runs with one executor fewer.
+        self.max_abandoned = max_abandoned
         self._cancels_read_at = 0.0
+        self._kept: set[int] = set()  # jobs whose stuck thread kept its slot (logged once)
 
     def check(self, slots: list[Slot]) -> None:
         self.runner.running.enforce_timeouts()
         for slot in list(slots):
             self._release_stale_waiting(slot)
             job = slot.job
-            if job is not None and self.runner.running.left_running(job.id):
-                # The thread may never return from a handler that timed out or was cancelled:
-                # the jobs queued behind it go back now, not when their leases run low.
+            if job is None or slot.abandoned:
+                continue
+            if self.runner.running.left_running(job.id):
+                # A handler that timed out or was cancelled is settled, but its thread cannot
+                # be stopped and may never return: the jobs queued behind it go back now, and
+                # a fresh executor takes the slot, so a stuck handler costs no capacity.
                 with slot.lock:
                     self.runner.release_waiting(slot, "batch behind a handler taken over")
-            if job is None or slot.heartbeat or slot.abandoned:
+                self._abandon(slot, job, slots, "was taken over (timeout or cancel) and its "
+                                                "thread cannot be stopped")
+                continue
+            if slot.heartbeat:
                 continue
             # A handler hung past its lease (without heartbeats) has lost the job to the
             # rescue step. A child process is killed; a thread cannot be, so give up on it
@@ -183,10 +207,25 @@ class Watchdog:
                 if slot.child is not None:
                     slot.child.kill()
                     continue
-                slot.abandoned = True
-                logger.error("worker.abandon worker=%s job=%s task=%s ran past twice its lease; "
-                             "starting a new executor", self.runner.worker_id, job.id, job.task)
-                self.start_slot()
+                self._abandon(slot, job, slots, "ran past twice its lease")
+
+    def _abandon(self, slot: Slot, job: ClaimedJob, slots: list[Slot], why: str) -> None:
+        """Give up on ``slot``'s thread and start a new executor, up to ``max_abandoned``."""
+        running_on = sum(1 for s in slots if s.abandoned and s.thread is not None
+                         and s.thread.is_alive())
+        if running_on >= self.max_abandoned:
+            if job.id not in self._kept:
+                self._kept.add(job.id)
+                logger.error("worker.abandon_limit worker=%s job=%s task=%s %s, but %d given-up "
+                             "threads still run (the limit): its executor is not replaced, and "
+                             "the worker runs one executor short until the handler returns",
+                             self.runner.worker_id, job.id, job.task, why, running_on)
+            return
+        slot.abandoned = True
+        logger.error("worker.abandon worker=%s job=%s task=%s %s; starting a new executor "
+                     "(%d of at most %d given-up threads still run)", self.runner.worker_id,
+                     job.id, job.task, why, running_on + 1, self.max_abandoned)
+        self.start_slot()
 
     def check_cancels(self, slots: list[Slot], using: str) -> int:
         """Every ``cancel_every`` seconds, ask which of this worker's jobs were cancelled.

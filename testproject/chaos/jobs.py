@@ -285,3 +285,21 @@ def receipt_hold(ctx: JobContext, payload: dict[str, Any]) -> Any:
         receipt.result = {"key": payload["key"], "attempt": ctx.attempt}
     _finished(run)
     return receipt.result
+
+
+# --- a process-isolated handler whose worker is killed while it writes -----------------------
+
+
+@job("chaos.process_effects", lease=timedelta(seconds=5), max_attempts=10, isolation="process")
+def process_effects(ctx: JobContext, payload: dict[str, Any]) -> Any:
+    """In a child process, write ``count`` effects one after another (marked holding after the
+    fifth, on the first attempt, so the harness can kill the worker mid-way)."""
+    run = _started(ctx, "chaos.process_effects")
+    for n in range(payload.get("count", 40)):
+        Effect.objects.create(key=f"{payload['key']}:{ctx.attempt}:{n}", receipted=False,
+                              job_id=ctx.job_id, attempt=ctx.attempt, worker_id=ctx.worker_id)
+        if n == 4 and ctx.attempt == 1:
+            Run.objects.filter(pk=run.pk).update(stage=Run.Stage.HOLDING)
+        time.sleep(payload.get("every", 0.05))
+    _finished(run)
+    return {"attempt": ctx.attempt, "worker": ctx.worker_id}

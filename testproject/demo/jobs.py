@@ -103,3 +103,34 @@ def tick(ctx: JobContext, payload: dict[str, Any]) -> str | None:
     tick_at = ctx.scheduled_at.isoformat() if ctx.scheduled_at else "-"
     _ledger(ctx, "tick", f"{payload.get('schedule', '-')}@{tick_at}", started)
     return tick_at
+
+
+@job("demo.upgraded", version=2)
+def upgraded(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Take version 2 payloads; version 1 ones are upgraded first (and the upgrade may fail)."""
+    return {"account": payload["account"]}
+
+
+@upgraded.upgrade(from_version=1)
+def _upgraded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    if "account_id" not in payload:
+        raise ValueError(f"cannot upgrade {payload!r}: no account_id")
+    return {"account": payload["account_id"], "password": payload.get("password")}
+
+
+@job("demo.process_effects", lease=timedelta(seconds=30), isolation="process")
+def process_effects(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """In a child process, write ledger rows one after another, ``count`` in all."""
+    started = timezone.now()
+    for n in range(payload.get("count", 1000)):
+        _ledger(ctx, "process_effect", f"{ctx.job_id}:{n}", started)
+        time.sleep(payload.get("every", 0.05))
+    return "done"
+
+
+@job("demo.sleep_process", timeout=1.0, max_attempts=1, isolation="process")
+def sleep_process(ctx: JobContext, payload: dict[str, Any]) -> int:
+    """In a child process, sleep as long as asked (past the 1 s timeout, if asked), then say
+    which process ran it."""
+    time.sleep(payload.get("seconds", 0.0))
+    return os.getpid()

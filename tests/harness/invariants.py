@@ -539,6 +539,27 @@ def lifecycle_as_expected(snap: Snapshot, record: RunRecord) -> Check:
                   f"{len(life.paused_keys)} jobs held by a paused queue then run")
 
 
+def no_effect_after_worker_death(record: RunRecord) -> Check:
+    """A process-isolated handler wrote nothing once its worker was dead (no orphaned child)."""
+    problems, before = [], 0
+    for check in record.orphans:
+        if check.last_effect_id is None:
+            continue  # never struck: noted by the scenario
+        if check.connections_outlived_worker:
+            problems.append(f"{check.key}: {check.worker_id}'s connections were still open 30 s "
+                            "after it died: its child process outlived it")
+        effects = Effect.objects.filter(job_id=check.job_id, worker_id=check.worker_id)
+        before += effects.filter(id__lte=check.last_effect_id).count()
+        late = effects.filter(id__gt=check.last_effect_id).count()
+        if late:
+            problems.append(f"{check.key}: {late} effects by {check.worker_id}'s attempt after "
+                            "the worker was dead")
+    struck = sum(1 for c in record.orphans if c.last_effect_id is not None)
+    return _check("no effect of a process-isolated handler after its worker's death", problems,
+                  f"{struck} workers killed while their child process wrote effects; "
+                  f"{before} effects before the deaths")
+
+
 def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dict[str, Any]]:
     """Run every check; return them and the run's figures."""
     snap = Snapshot.load()
@@ -559,6 +580,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         flood,
         receipts_under_the_lease(snap),
         lifecycle_as_expected(snap, record),
+        no_effect_after_worker_death(record),
     ]
     statuses = Counter(j.status for j in snap.jobs.values())
     outcomes = Counter(a.outcome for rows in snap.attempts.values() for a in rows)

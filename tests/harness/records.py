@@ -78,6 +78,20 @@ class Lifecycle:
 
 
 @dataclass
+class OrphanCheck:
+    """A worker killed while its process-isolated handler wrote effects, one after another."""
+
+    key: str
+    job_id: int
+    worker_id: str = ""
+    # Set once the worker was dead and no connection of it (its child's included) was running
+    # a statement: the highest Effect id then. No effect of the job by that worker may follow.
+    last_effect_id: int | None = None
+    # The worker's connections were still there long after its death: a child outlived it.
+    connections_outlived_worker: bool = False
+
+
+@dataclass
 class Replays:
     """Enqueues repeated under the same idempotency keys: key -> [(job id, created)]."""
 
@@ -97,6 +111,7 @@ class RunRecord:
     flood: Flood = field(default_factory=Flood)
     replays: Replays = field(default_factory=Replays)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    orphans: list[OrphanCheck] = field(default_factory=list)
     bulk_keys: list[str] = field(default_factory=list)
     later_keys: list[str] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)

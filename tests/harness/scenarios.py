@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Q
 from django.db.models.functions import Now
 
@@ -17,7 +18,7 @@ from django_pgjobs.conf import settings
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import AttemptOutcome, JobStatus
-from testproject.chaos.models import Run
+from testproject.chaos.models import Effect, Run
 from tests.harness import db
 from tests.harness.pool import Member, WorkerPool
 from tests.harness.records import (
@@ -26,6 +27,7 @@ from tests.harness.records import (
     RECEIPTED,
     TICK,
     Fault,
+    OrphanCheck,
     Replays,
     Restart,
     RunRecord,
@@ -347,6 +349,65 @@ def lifecycle_controls(ctx: Context) -> None:
             status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]).exists(),
             90, interval=0.2):
         ctx.record.notes.append("lifecycle: not every job ended within 90 s")
+
+
+# --- a worker killed under a process-isolated handler -----------------------------------------
+
+PROCESS_EFFECTS = "chaos.process_effects"
+
+
+def worker_connections(worker_id: str, *, active: bool = False) -> int:
+    """How many connections ``worker_id`` or a child process it started has open (``active``:
+    running a statement now).
+
+    A child inherits the worker's PGAPPNAME, so its connections carry the worker's id too.
+    """
+
+    def count() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND (application_name = %s OR application_name LIKE %s) "
+                "AND (state = 'active' OR NOT %s)",
+                [worker_id, f"% {worker_id}", active],
+            )
+            return int(cursor.fetchone()[0])
+
+    return db.retrying(count)
+
+
+def kill_under_process_handlers(ctx: Context, rounds: int) -> None:
+    """Kill a worker while its child process writes effects one after another, ``rounds``
+    times: once the worker is dead, no effect of that attempt may follow."""
+    for round_no in range(rounds):
+        key = f"orphan:{round_no}"
+        job = db.enqueue(PROCESS_EFFECTS, key, {"key": key}, priority=TARGET_PRIORITY)
+        check = OrphanCheck(key, job.pk)
+        ctx.record.orphans.append(check)
+        run = db.wait_until(lambda job=job: Run.objects.filter(
+            job_id=job.pk, attempt=1, stage=Run.Stage.HOLDING).first(), 60)
+        member = next((m for m in ctx.pool.running()
+                       if run is not None and m.worker_id == run.worker_id), None)
+        if run is None or member is None:
+            ctx.record.notes.append(f"{key}: the handler never held on a live worker; "
+                                    "no kill")
+            continue
+        check.worker_id = member.worker_id
+        ctx.record.faults.append(Fault("kill", "orphan", db.db_now(), member.worker_id,
+                                       running_jobs(member.worker_id)))
+        ctx.pool.kill(member)
+        db.wait_until(lambda member=member: not member.alive(), 30)
+        # A statement sent before the death may still be running: once none is, every later
+        # effect row was written by a statement that began after the worker was dead.
+        db.wait_until(lambda member=member: worker_connections(
+            member.worker_id, active=True) == 0, 30, interval=0.01)
+        check.last_effect_id = db.retrying(
+            lambda: Effect.objects.order_by("-id").values_list("id", flat=True).first()) or 0
+        gone = db.wait_until(lambda member=member: worker_connections(member.worker_id) == 0,
+                             30, interval=0.1)
+        check.connections_outlived_worker = not gone
+        if not db.wait_until(lambda job=job: job_status(job.pk) == JobStatus.SUCCEEDED, 60):
+            ctx.record.notes.append(f"{key}: not succeeded within 60 s of the kill")
 
 
 # --- random faults ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from django_pgjobs.validation import MIN_POLL_INTERVAL_SECONDS
 from django_pgjobs.worker import (
     DEFAULT_ASYNC_CONCURRENCY,
     EXIT_DATABASE_UNREACHABLE,
+    EXIT_EXECUTORS_LOST,
     MAX_ASYNC_CONCURRENCY,
     MAX_BATCH_SIZE,
     MAX_CONCURRENCY,
@@ -126,12 +127,15 @@ class Command(BaseCommand):
             f"{sum(counters.settled.values())} {dict(sorted(counters.settled.items()))}, "
             f"lost {counters.lost}"
         )
-        if status == EXIT_DATABASE_UNREACHABLE:
-            raise CommandError(
+        failures = {
+            EXIT_DATABASE_UNREACHABLE:
                 f"gave up: database {database_target(worker.using)} could not be reached for "
                 "PGJOBS_BURST_UNREACHABLE_SECONDS (see the log lines above for each attempt)",
-                returncode=status,
-            )
+            EXIT_EXECUTORS_LOST:
+                "stopped: every executor failed (see the worker.executor_died lines above)",
+        }
+        if status in failures:
+            raise CommandError(failures[status], returncode=status)
 
     def _serve_metrics(self, worker: Worker, options: dict[str, Any]) -> Any:
         if options["metrics_port"] is None:
