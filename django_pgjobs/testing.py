@@ -400,7 +400,12 @@ def drain(
 def _queue_list(queues: str | Iterable[str] | None) -> list[str] | None:
     if queues is None:
         return None
-    listed = [queues] if isinstance(queues, str) else list(queues)
+    if isinstance(queues, str):
+        listed = [queues]
+    elif isinstance(queues, Iterable) and not isinstance(queues, bytes | bytearray | Mapping):
+        listed = list(queues)
+    else:
+        raise ValueError(f"queues must be a queue name or a list of them, got {shown(queues)}")
     for queue in listed:
         problem = queue_problem(queue)
         if problem is not None:
