@@ -103,7 +103,12 @@ def test_old_payloads_are_upgraded_before_the_handler_sees_them() -> None:
 
 
 def test_a_payload_newer_than_the_handler_waits_for_a_newer_worker() -> None:
-    job, attempt = run_one("tests.versioned", {"amount": 5}, payload_version=4)
+    # Enqueue refuses a version newer than its own handler's, so a job written by a newer
+    # deploy (whose handler is at version 4) is made by changing the row.
+    django_pgjobs.enqueue("tests.versioned", {"amount": 5}, payload_version=3)
+    Job.objects.update(payload_version=4)
+    job = run_claimed()
+    attempt = Attempt.objects.get(job_id=job.pk)
     assert (job.status, job.failure_class, job.attempts) == (
         JobStatus.RETRYING, FailureClass.UNSUPPORTED_VERSION, 0)
     assert "newer than this worker" in attempt.error

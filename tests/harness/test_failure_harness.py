@@ -78,7 +78,8 @@ def test_every_targeted_fault_ended_exactly_as_expected(report: dict) -> None:
 
 def test_the_run_injected_every_fault_and_lost_nothing(report: dict) -> None:
     figures = report["figures"]
-    assert figures["faults"]["kill/targeted"] == 3
+    # Three targeted kills, and one of a worker whose child process is writing effects.
+    assert figures["faults"]["kill/targeted"] == 3 + 1
     assert figures["faults"]["stop/targeted"] == 2
     assert figures["faults"]["disconnect/targeted"] == 1
     assert figures["restarts"] == 1
