@@ -27,7 +27,9 @@ venv: $(STAMP)
 
 # Debian packages the suite drives for real: chromium for the admin's browser tests (Playwright
 # never downloads a browser) and PgBouncer for the transaction-pooling test. Both scripts do
-# nothing when the package is already there.
+# nothing when the package is already there; otherwise they install it with apt-get as root, or
+# through sudo, and without either they say what is missing and how to install it
+# (.ci/apt-install).
 system-deps:
 	bash .ci/install-browser
 	bash .ci/install-pgbouncer
