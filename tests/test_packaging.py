@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -64,7 +65,12 @@ def test_the_readme_install_path_runs_a_first_job_in_a_fresh_project(
         venv = tmp_path / "venv"
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
         bin_dir = venv / "bin"
-        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+        # The new project's own environment: nothing of the test project's settings or virtualenv
+        # (pip's own settings, such as an index or a proxy, stay).
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith(("DJANGO_", "PGJOBS_", "DATABASE_URL", "VIRTUAL_ENV",
+                                       "PYTHON"))}
+        env["PATH"] = f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
 
         def run(*command: str, cwd: Path = tmp_path) -> str:
             done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
