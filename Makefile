@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   workers drain a real mixed workload, one is killed mid-run, a summary is printed
 #   make test   the whole suite
-# Both use the PostgreSQL server in DATABASE_URL, or an embedded one when it is unset.
+# Both use the PostgreSQL server in DATABASE_URL, or an embedded one when it is unset, which
+# stops when the command returns (testproject/embedded.py runs each command as its user).
 #   make admin  after make demo: the admin on the demo's data, at http://127.0.0.1:8000/admin/
 
 PYTHON ?= python3
@@ -11,6 +12,7 @@ PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
+EMBEDDED := $(PY) -m testproject.embedded
 
 .PHONY: venv system-deps test demo admin lint chaos bench soak profile compare bench-async \
 	bench-lifecycle bench-remote clean
@@ -25,23 +27,25 @@ venv: $(STAMP)
 
 # Debian packages the suite drives for real: chromium for the admin's browser tests (Playwright
 # never downloads a browser) and PgBouncer for the transaction-pooling test. Both scripts do
-# nothing when the package is already there.
+# nothing when the package is already there; otherwise they install it with apt-get as root, or
+# through sudo, and without either they say what is missing and how to install it
+# (.ci/apt-install).
 system-deps:
 	bash .ci/install-browser
 	bash .ci/install-pgbouncer
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(EMBEDDED) $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(MANAGE) migrate --verbosity 0
-	$(MANAGE) run_demo
+	$(EMBEDDED) $(MANAGE) migrate --verbosity 0
+	$(EMBEDDED) $(MANAGE) run_demo
 
 # The test project's server on loopback only, static files served by runserver (--insecure).
 ADMIN_PORT ?= 8000
 admin: $(STAMP)
-	$(MANAGE) migrate --verbosity 0
-	$(MANAGE) runserver --insecure --noreload 127.0.0.1:$(ADMIN_PORT)
+	$(EMBEDDED) $(MANAGE) migrate --verbosity 0
+	$(EMBEDDED) $(MANAGE) runserver --insecure --noreload 127.0.0.1:$(ADMIN_PORT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -45,9 +45,11 @@ def check_database(databases: Sequence[str] | None = None, **kwargs: Any) -> lis
     messages: list[CheckMessage] = []
     for alias in databases or []:
         connection = connections[alias]
-        vendor_errors = vendor_messages(alias, connection)
-        if vendor_errors:
-            messages += vendor_errors
+        if connection.vendor != "postgresql":
+            # check_vendor reports the default database on every run, with or without the
+            # database tag; reporting it here as well would print the same error twice.
+            if alias != DEFAULT_DB_ALIAS:
+                messages += vendor_messages(alias, connection)
             continue
         version = connection.pg_version  # type: ignore[attr-defined]
         if version < MIN_POSTGRES_VERSION:

@@ -38,7 +38,7 @@ try:
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImproperlyConfigured(
-        "django_pgjobs.metrics needs prometheus-client: pip install 'django-pgjobs[metrics]'"
+        "django_pgjobs.metrics needs prometheus-client: pip install prometheus-client"
     ) from exc
 
 from . import stats

@@ -1,6 +1,6 @@
 """OpenTelemetry spans: one for each enqueue, one for each attempt, linked through the job.
 
-Optional. With ``opentelemetry-api`` installed (``pip install 'django-pgjobs[otel]'``) and
+Optional. With ``opentelemetry-api`` installed (``pip install opentelemetry-api``) and
 ``PGJOBS_TRACING`` not False, an enqueue records a PRODUCER span and stores its W3C
 ``traceparent`` with the job; a worker records a CONSUMER span for every attempt, linked to that
 enqueue. Without the package, or with ``PGJOBS_TRACING = False``, OpenTelemetry is never
@@ -102,7 +102,7 @@ def _resolve() -> Any | None:
         except ImportError:
             if wanted is True:
                 logger.warning("PGJOBS_TRACING is True but opentelemetry-api is not installed "
-                               "(pip install 'django-pgjobs[otel]'): no spans are recorded")
+                               "(pip install opentelemetry-api): no spans are recorded")
         else:
             _state.trace = trace
             _state.propagator = tracecontext.TraceContextTextMapPropagator()

@@ -289,7 +289,7 @@ def _tracing(value: object) -> str | None:
         return ("must be None (trace when opentelemetry-api is installed), True or False, "
                 f"got {shown(value)}")
     if value is True and importlib.util.find_spec("opentelemetry") is None:
-        return "is True but opentelemetry-api is not installed (pip install 'django-pgjobs[otel]')"
+        return "is True but opentelemetry-api is not installed (pip install opentelemetry-api)"
     return None
 
 

@@ -1,7 +1,7 @@
 """Settings for the demo and the test suite.
 
 DATABASE_URL picks the PostgreSQL server; without it an embedded server starts with its data in
-.pgdata/ at the repository root.
+.pgdata/ at the repository root (testproject/embedded.py says who starts and stops it).
 """
 
 from pathlib import Path
@@ -19,9 +19,9 @@ ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
 if env.str("DATABASE_URL", default=""):
     DATABASES = {"default": env.db_url("DATABASE_URL")}
 else:
-    from testproject.embedded import embedded_database
+    from testproject.embedded import embedded_database, embedded_pgdata
 
-    DATABASES = {"default": embedded_database(BASE_DIR / ".pgdata")}
+    DATABASES = {"default": embedded_database(embedded_pgdata())}
 # Worker processes started by the tests connect to the test database by this name.
 if env.str("PGJOBS_DATABASE_NAME", default=""):
     DATABASES["default"]["NAME"] = env.str("PGJOBS_DATABASE_NAME")

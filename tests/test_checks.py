@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -7,6 +10,7 @@ from django.db.utils import ConnectionHandler
 
 from django_pgjobs.checks import check_database, check_settings, vendor_messages
 from django_pgjobs.registry import job, registry
+from tests.conftest import MANAGE, ROOT
 
 
 def ids(messages) -> list[str]:
@@ -189,3 +193,13 @@ def test_empty_redact_keys_are_a_warning_naming_the_setting_unless_opted_out(set
     settings.PGJOBS_REDACT_KEYS = ["password"]
     settings.PGJOBS_REDACT_NO_KEYS = False
     assert check_settings() == []
+
+
+def test_migrate_on_a_database_that_is_not_postgresql_prints_the_error_once() -> None:
+    env = {name: value for name, value in os.environ.items() if name != "PGJOBS_DATABASE_NAME"}
+    env["DATABASE_URL"] = "sqlite:///:memory:"
+    run = subprocess.run([sys.executable, str(MANAGE), "migrate"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert run.stderr.count("pgjobs.E001") == 1, run.stderr
+    assert "database 'default' uses sqlite; django-pgjobs needs PostgreSQL" in run.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
 import re
 from pathlib import Path
 
@@ -26,11 +28,70 @@ def test_the_state_machine_doc_names_every_state_reason_and_outcome() -> None:
         assert f"`{value}`" in text, value
 
 
-def test_the_readme_documents_every_setting() -> None:
-    readme = read("README.md")
+def test_the_settings_reference_documents_every_setting_and_the_readme_links_it() -> None:
+    reference = read("docs/settings.md")
     settings = sorted(name[len("DEFAULT_"):] for name in vars(conf) if name.startswith("DEFAULT_"))
-    missing = [name for name in settings if f"PGJOBS_{name}" not in readme]
-    assert missing == []
+    rows = re.findall(r"^\| `PGJOBS_(\w+)` \|", reference, re.MULTILINE)
+    assert sorted(rows) == settings
+    assert "(docs/settings.md)" in read("README.md")
+
+
+def readme_sections() -> dict[str, str]:
+    """The README's ``## `` sections by title, in order."""
+    parts = re.split(r"^## (.+)$", read("README.md"), flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_the_readme_takes_a_user_from_install_to_operating_before_contributing() -> None:
+    titles = list(readme_sections())
+    assert titles[:8] == [
+        "Install", "Configure: the database must be PostgreSQL", "A first job",
+        "Write a handler", "Enqueue in your transaction", "Run workers", "Operate it",
+        "Periodic schedules",
+    ]
+    assert titles[-1] == "Contributing"
+    for_users = "".join(text for title, text in readme_sections().items()
+                        if title not in ("Documentation", "Contributing"))
+    for contributor_words in ("make demo", "make test", "DATABASE_URL", "embedded", ".ci/run"):
+        assert contributor_words not in for_users, contributor_words
+    assert "make test   # the whole test suite" in readme_sections()["Contributing"]
+    assert "(docs/contributing.md)" in readme_sections()["Contributing"]
+
+
+def test_the_readme_installs_from_a_checkout_or_a_wheel_not_from_the_unpublished_name() -> None:
+    install = readme_sections()["Install"]
+    commands = re.findall(r"^pip install (\S+)", install, re.MULTILINE)
+    assert commands == ["./django-pgjobs", "'./django-pgjobs[metrics]'", "'./django-pgjobs[otel]'",
+                        "dist/django_pgjobs-0.1.0-py3-none-any.whl"]
+    assert "not published on PyPI yet" in install
+    assert "Once it is published, `pip install django-pgjobs`" in install
+
+
+def test_the_readme_handler_example_names_nothing_it_does_not_import_or_define() -> None:
+    section = readme_sections()["Write a handler"]
+    code = section.split("```python\n", 1)[1].split("\n```", 1)[0]
+    tree = ast.parse(code)
+    bound = {alias.asname or alias.name.split(".")[0]
+             for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)
+             for alias in node.names}
+    bound |= {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    bound |= {arg.arg for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+              for arg in node.args.args}
+    bound |= {node.id for node in ast.walk(tree)
+              if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    used = {node.id for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    assert used - bound - set(dir(builtins)) == set()
+    # What the imported stand-ins are is said before the code.
+    assert "`Order` is a model of the `billing` app" in section
+    assert "`payments` stands for the provider's API client" in section
+
+
+def test_the_readme_says_a_skip_schedule_runs_every_tick_within_the_grace() -> None:
+    schedules = readme_sections()["Periodic schedules"]
+    assert "`PGJOBS_SCHEDULE_GRACE_SECONDS` (60 s) of its time always runs" in schedules
+    assert "after 60 s without a worker a per-second schedule\nenqueues 61 ticks" in schedules
+    assert "only the latest runs;" not in schedules
 
 
 def test_ci_runs_the_readme_test_command_as_written_and_against_the_machine_server() -> None:

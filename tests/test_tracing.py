@@ -368,7 +368,7 @@ def test_without_the_package_tracing_is_off_and_jobs_still_run(monkeypatch, capl
             [error] = check_settings()
         assert isinstance(error, Error) and error.msg == (
             "PGJOBS_TRACING is True but opentelemetry-api is not installed "
-            "(pip install 'django-pgjobs[otel]')")
+            "(pip install opentelemetry-api)")
     finally:
         monkeypatch.undo()
         tracing.reset()
