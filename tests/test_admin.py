@@ -716,12 +716,21 @@ def test_the_job_filters_select_the_right_rows(login: Any) -> None:
     ("/admin/pgjobs/attempt/?id=9999999999999999999999999", 400, None),
     ("/admin/pgjobs/idempotencyreceipt/?id=9999999999999999999999999", 400, None),
     ("/admin/pgjobs/operatoraction/?id=9999999999999999999999999", 400, None),
+    # A NUL in any list filter's value is refused before it reaches PostgreSQL.
+    (f"{CHANGELIST}?status__exact=%00", 400, None),
+    (f"{CHANGELIST}?failure_class__exact=a%00", 400, None),
+    ("/admin/pgjobs/attempt/?failure_class__exact=%00", 400, None),
+    ("/admin/pgjobs/attempt/?outcome__exact=%00", 400, None),
+    ("/admin/pgjobs/operatoraction/?action__exact=%00", 400, None),
+    ("/admin/pgjobs/schedule/?source__exact=%00", 400, None),
+    ("/admin/pgjobs/schedule/?misfire__exact=%00", 400, None),
 ])
 def test_odd_query_strings_answer_empty_or_400_never_500(
     login: Any, url: str, expected: int, rows: int | None
 ) -> None:
     secrets_everywhere()
-    client = login("view_job", "view_attempt", "view_idempotencyreceipt", "view_operatoraction")
+    client = login("view_job", "view_attempt", "view_idempotencyreceipt", "view_operatoraction",
+                   "view_schedule")
     response = client.get(url)
     assert response.status_code == expected
     if rows is not None:

@@ -9,7 +9,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 
 from ..models import Attempt
-from .display import EstimatedCountPaginator, attempt_error_html
+from .display import EstimatedCountPaginator, attempt_error_html, searchable
 
 
 class NoWrites:
@@ -59,11 +59,13 @@ class OwnLookupsOnly:
 
     Django's default lets any viewer filter on any field (``?payload__password__startswith=P``),
     which would read redacted values one character at a time and scan the whole history;
-    anything else is refused with 400, the way Django refuses a disallowed lookup.
+    anything else is refused with 400, the way Django refuses a disallowed lookup. So is a value
+    PostgreSQL cannot take as a parameter (a NUL character), which would otherwise fail the
+    query with a DataError.
     """
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
-        return lookup in self.allowed_lookups(request)
+        return lookup in self.allowed_lookups(request) and searchable(str(value))
 
     def allowed_lookups(self, request: HttpRequest | None) -> set[str]:
         """The query-string parameters this admin's list filters and date hierarchy use."""
