@@ -755,3 +755,17 @@ def test_a_confirming_post_for_jobs_that_do_not_exist_writes_no_audit_row(login:
     })
     audits = list(OperatorAction.objects.order_by("id").values_list("job_ids", flat=True))
     assert audits == [[j.pk], [j.pk]]
+
+
+def filter_choices(response: Any, title: str) -> list[str]:
+    """The choices the list's filter ``title`` offers, as shown."""
+    cl = response.context["cl"]
+    [spec] = [s for s in cl.filter_specs if s.title == title]
+    return [str(choice["display"]) for choice in spec.choices(cl)]
+
+
+def test_the_attempt_list_offers_no_outcome_that_no_row_can_have(login: Any) -> None:
+    client = login("view_attempt")
+    offered = filter_choices(client.get("/admin/pgjobs/attempt/"), "outcome")
+    assert offered == ["All", "succeeded", "failed", "dead", "snoozed", "released",
+                       "lease expired", "timed out", "cancelled", "lost"]

@@ -12,13 +12,14 @@ from ..models import Attempt, IdempotencyReceipt, OperatorAction
 from ..registry import redactor_for
 from .base import AttemptColumns, ReadOnlyAdmin
 from .display import exact_id, pretty, searchable
+from .filters import EndedOutcomeFilter
 
 
 @admin.register(Attempt)
 class AttemptAdmin(AttemptColumns, ReadOnlyAdmin):
     list_display = ("id", "job_link", "task", "number", "worker_id", "outcome", "failure_class",
                     "duration", "claimed_at")
-    list_filter = ("outcome", "failure_class")
+    list_filter = (("outcome", EndedOutcomeFilter), "failure_class")
     list_select_related = ("job",)
     search_fields = ("=job__id",)
     search_help_text = "Exact job id."
