@@ -24,6 +24,7 @@ from django_pgjobs.admin import (
 from django_pgjobs.models import Job, OperatorAction
 from django_pgjobs.redaction import REDACTED
 from django_pgjobs.status import JobStatus, TerminalReason
+from django_pgjobs.transitions import pause_queue
 from tests.factories import AttemptFactory, JobFactory, ReceiptFactory
 
 pytestmark = pytest.mark.django_db
@@ -769,3 +770,16 @@ def test_the_attempt_list_offers_no_outcome_that_no_row_can_have(login: Any) -> 
     offered = filter_choices(client.get("/admin/pgjobs/attempt/"), "outcome")
     assert offered == ["All", "succeeded", "failed", "dead", "snoozed", "released",
                        "lease expired", "timed out", "cancelled", "lost"]
+
+
+def test_the_queue_filter_offers_paused_queues_and_queues_without_ready_jobs(login: Any) -> None:
+    JobFactory(queue="mail", status=JobStatus.READY)
+    JobFactory(queue="reports", status=JobStatus.READY)
+    JobFactory(queue="exports", running=True)
+    pause_queue("reports")
+    pause_queue("idle")  # paused with no job at all
+    client = login("view_job")
+    offered = filter_choices(client.get(CHANGELIST), "queue")
+    assert {"mail", "reports", "exports", "idle"} <= set(offered)
+    response = client.get(CHANGELIST, {"queue": "reports"})
+    assert [j.queue for j in response.context["cl"].result_list] == ["reports"]
