@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.admin.templatetags.admin_list import result_headers
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client, override_settings
@@ -783,3 +784,57 @@ def test_the_queue_filter_offers_paused_queues_and_queues_without_ready_jobs(log
     assert {"mail", "reports", "exports", "idle"} <= set(offered)
     response = client.get(CHANGELIST, {"queue": "reports"})
     assert [j.queue for j in response.context["cl"].result_list] == ["reports"]
+
+
+@pytest.fixture
+def big_history() -> None:
+    """Enough finished history and audit rows that reading it whole is a plan the planner weighs."""
+    from tests.history import build_history
+
+    with connection.cursor() as cursor:
+        build_history(cursor, finished=60_000, ready=2000, queues=4, scheduled=100, retrying=50,
+                      due=10, running=20, receipts=100)
+        cursor.execute(
+            "INSERT INTO pgjobs_operator_action (created_at, actor_name, action, reason, job_ids,"
+            " schedule_ids, selected, changed, detail)"
+            " SELECT now(), 'op', 'retry', '', jsonb_build_array(g, g + 1), '[]', 2, 2, '{}'"
+            " FROM generate_series(1, 60000) AS g")
+        cursor.execute("ANALYZE pgjobs_operator_action")
+
+
+def plan_of(queryset: Any) -> str:
+    return queryset.explain(format="json")
+
+
+def test_the_job_list_sorts_on_its_index_whatever_the_query_string_asks(
+    login: Any, big_history: None
+) -> None:
+    client = login("view_job")
+    response = client.get(CHANGELIST, {"o": "-7.5", "p": "3"})
+    assert response.status_code == 200
+    cl = response.context["cl"]
+    assert list(cl.result_list.query.order_by) == ["-id"]
+    plan = plan_of(cl.result_list)
+    assert '"Sort"' not in plan and '"Seq Scan"' not in plan, plan
+    assert "pgjobs_job_pkey" in plan
+    # Only the id column offers to sort.
+    assert [h["text"] for h in result_headers(cl) if h["sortable"]] == ["id"]
+
+
+def test_the_job_list_stops_at_its_deepest_page(login: Any, big_history: None) -> None:
+    client = login("view_job")
+    first = client.get(CHANGELIST)
+    assert first.context["cl"].result_count > 201 * 50  # the history goes deeper than that
+    assert first.context["cl"].paginator.num_pages == 200
+    assert client.get(CHANGELIST, {"p": "200"}).status_code == 200
+    for page in ("201", "3999"):
+        deep = client.get(CHANGELIST, {"p": page})
+        assert (deep.status_code, deep["Location"]) == (302, f"{CHANGELIST}?e=1")
+
+
+def test_the_operator_history_of_a_job_reads_the_audit_index(big_history: None) -> None:
+    from django_pgjobs.admin.jobs import operator_actions_of
+
+    plan = plan_of(operator_actions_of(30_000))
+    assert "pgjobs_action_job_ids_idx" in plan and '"Seq Scan"' not in plan, plan
+    assert [a.job_ids for a in operator_actions_of(30_000)] == [[30_000, 30_001], [29_999, 30_000]]

@@ -20,6 +20,9 @@ from ..status import JobStatus
 
 # Above this many rows (by the planner's estimate) the changelist shows the estimate.
 EXACT_COUNT_MAX_ROWS = 100_000
+# The deepest page a list shows: page p skips (p - 1) * 50 rows, each read from the index.
+# Further back, filter or search.
+MAX_PAGES = 200
 PREVIEW_MAX_CHARS = 80
 
 
@@ -97,8 +100,13 @@ def exact_id(term: str) -> int | None:
 class EstimatedCountPaginator(Paginator):
     """Count exactly when the planner expects few rows; beyond that, show its estimate.
 
-    count(*) reads every matching row: over a big history that is seconds per page view.
+    count(*) reads every matching row: over a big history that is seconds per page view. Pages
+    stop at ``MAX_PAGES``: a deeper page would read every row before it.
     """
+
+    @cached_property
+    def num_pages(self) -> int:
+        return min(super().num_pages, MAX_PAGES)
 
     @cached_property
     def count(self) -> int:

@@ -46,6 +46,11 @@ def _actor(request: HttpRequest) -> transitions.Actor:
     return transitions.Actor.of(request.user)
 
 
+def operator_actions_of(job_id: int, limit: int = 20) -> QuerySet[OperatorAction]:
+    """The latest operator actions that selected the job, through the index on ``job_ids``."""
+    return OperatorAction.objects.filter(job_ids__contains=[job_id]).order_by("-id")[:limit]
+
+
 def operator_action(action: Action) -> Any:
     """The admin action of one entry of ``ACTIONS``: it asks, then confirms and applies."""
 
@@ -124,15 +129,15 @@ class JobAdmin(ReadOnlyAdmin):
 
     # --- list ---
 
-    @admin.display(description="attempts", ordering="attempts")
+    @admin.display(description="attempts")
     def attempts_used(self, job: Job) -> str:
         return f"{job.attempts}/{job.max_attempts}"
 
-    @admin.display(description="age", ordering="created_at")
+    @admin.display(description="age")
     def age(self, job: Job) -> str:
         return duration_text((timezone.now() - job.created_at).total_seconds())
 
-    @admin.display(description="lease expiry", ordering="lease_expires_at")
+    @admin.display(description="lease expiry")
     def lease(self, job: Job) -> str:
         if job.lease_expires_at is None:
             return "-"
@@ -195,7 +200,7 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.display(description="history")
     def operator_history(self, job: Job) -> str:
-        actions = OperatorAction.objects.filter(job_ids__contains=[job.pk]).order_by("-id")[:20]
+        actions = operator_actions_of(job.pk)
         rows = [
             (a.created_at.strftime("%Y-%m-%d %H:%M:%S"), a.get_action_display(),
              a.actor_name or "(code)", a.reason or "")

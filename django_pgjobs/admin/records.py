@@ -21,6 +21,7 @@ class AttemptAdmin(AttemptColumns, ReadOnlyAdmin):
                     "duration", "claimed_at")
     list_filter = (("outcome", EndedOutcomeFilter), "failure_class")
     list_select_related = ("job",)
+    sortable_by = ("id", "job_link", "claimed_at")  # the indexed ones
     search_fields = ("=job__id",)
     search_help_text = "Exact job id."
     ordering = ("-id",)
@@ -52,6 +53,7 @@ class AttemptAdmin(AttemptColumns, ReadOnlyAdmin):
 @admin.register(IdempotencyReceipt)
 class IdempotencyReceiptAdmin(ReadOnlyAdmin):
     list_display = ("id", "scope", "key", "job_id", "created_at", "expires_at")
+    sortable_by = ("id", "expires_at")  # the indexed ones
     search_fields = ("=scope", "=key")
     search_help_text = "Exact scope:key."
     ordering = ("-id",)
