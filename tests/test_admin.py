@@ -376,7 +376,14 @@ def test_the_raw_payload_needs_its_permission_and_each_look_is_audited(login: An
     j = JobFactory(task="tests.admin.charge", payload=secret_payload())
     raw_url = f"{CHANGELIST}{j.pk}/raw-payload/"
     viewer = login("view_job", username="viewer")
-    assert viewer.get(raw_url).status_code == 403
+    for refused in (viewer.get(raw_url), viewer.post(raw_url)):
+        assert refused.status_code == 403
+        html = refused.content.decode()
+        # The admin's own page, naming the permission that is missing.
+        assert 'id="site-name"' in html and '<div class="breadcrumbs">' in html
+        assert ("Showing a job&#x27;s raw payload needs the permission\n“Can see unredacted "
+                "payloads” (<code>pgjobs.view_raw_payload</code>)") in html
+        assert SECRET_CARD not in html
     assert OperatorAction.objects.count() == 0
 
     auditor = login("view_job", "view_raw_payload", username="auditor")
@@ -838,3 +845,21 @@ def test_the_operator_history_of_a_job_reads_the_audit_index(big_history: None) 
     plan = plan_of(operator_actions_of(30_000))
     assert "pgjobs_action_job_ids_idx" in plan and '"Seq Scan"' not in plan, plan
     assert [a.job_ids for a in operator_actions_of(30_000)] == [[30_000, 30_001], [29_999, 30_000]]
+
+
+@pytest.mark.parametrize(("codenames", "offered"), [
+    (("view_job", "view_queuestate"), False),
+    (("view_job", "view_queuestate", "pause_queue"), True),
+])
+def test_the_dashboard_offers_pause_and_resume_only_to_who_may(
+    login: Any, codenames: tuple[str, ...], offered: bool
+) -> None:
+    JobFactory(queue="mail")
+    pause_queue("reports")
+    client = login(*codenames)
+    html = client.get(reverse("admin:pgjobs_job_dashboard")).content.decode()
+    assert ('href="/admin/pgjobs/queuestate/">pause, resume</a>' in html) is offered
+    states = {r.queue: r.paused for r in client.get(
+        reverse("admin:pgjobs_job_dashboard")).context["queue_rows"]}
+    assert states == {"mail": False, "reports": True}
+    assert '<td class="pgjobs-queue-state">active</td>' in html

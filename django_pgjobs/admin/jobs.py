@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.auth.models import Permission
 from django.core.exceptions import PermissionDenied
 from django.db import connections
 from django.db.models import Q, QuerySet
@@ -236,8 +237,12 @@ class JobAdmin(ReadOnlyAdmin):
         A GET (or HEAD) only asks; the payload is shown on the POST that answers, under the
         CSRF check, so a link from elsewhere or a prefetch cannot write audit rows.
         """
-        if not self.has_raw_payload_permission(request):
+        if not self.has_view_permission(request):
             raise PermissionDenied
+        if not self.has_raw_payload_permission(request):
+            return self.permission_needed(
+                request, "pgjobs.view_raw_payload", "Showing a job's raw payload",
+                back_url=reverse("admin:pgjobs_job_change", args=[object_id]))
         if request.method not in ("GET", "HEAD", "POST"):
             return HttpResponseNotAllowed(["GET", "POST"])
         job = self.get_object(request, object_id)
@@ -253,6 +258,21 @@ class JobAdmin(ReadOnlyAdmin):
             context["result"] = None if job.result is None else pretty(job.result)
         return TemplateResponse(request, "admin/pgjobs/job/raw_payload.html", context)
 
+    def permission_needed(
+        self, request: HttpRequest, permission: str, what: str, back_url: str = ""
+    ) -> HttpResponse:
+        """A 403 in the admin's own page that names the permission the user lacks."""
+        app_label, codename = permission.split(".", 1)
+        found = Permission.objects.filter(content_type__app_label=app_label,
+                                          codename=codename).first()
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts,
+            "title": "Permission needed", "what": what, "permission": permission,
+            "permission_name": found.name if found else codename, "back_url": back_url,
+        }
+        return TemplateResponse(request, "admin/pgjobs/permission_needed.html", context,
+                                status=403)
+
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         """The operations dashboard."""
         if not self.has_view_permission(request):
@@ -260,6 +280,7 @@ class JobAdmin(ReadOnlyAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.opts,
             "title": "Job queue dashboard", **dashboard_context(),
+            "can_pause": request.user.has_perm("pgjobs.pause_queue"),
         }
         return TemplateResponse(request, "admin/pgjobs/job/dashboard.html", context)
 

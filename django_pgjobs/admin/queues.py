@@ -60,7 +60,7 @@ class QueueStateAdmin(ReadOnlyAdmin):
                 return TemplateResponse(request, "admin/pgjobs/queuestate/queues.html", context)
             reason = request.POST.get("reason", "")[:1000].strip()
             changed = transition(queue, actor=transitions.Actor.of(request.user), reason=reason)
-            state = "paused" if action == "pause" else "running"
+            state = "paused" if action == "pause" else "active"
             self.message_user(request, f"Queue {queue}: {state}"
                               + ("." if changed else " (it already was)."), messages.SUCCESS)
             return HttpResponseRedirect(reverse("admin:pgjobs_queuestate_changelist"))
