@@ -863,3 +863,30 @@ def test_the_dashboard_offers_pause_and_resume_only_to_who_may(
         reverse("admin:pgjobs_job_dashboard")).context["queue_rows"]}
     assert states == {"mail": False, "reports": True}
     assert '<td class="pgjobs-queue-state">active</td>' in html
+
+
+def test_every_page_shows_times_to_the_millisecond_with_the_zone(login: Any) -> None:
+    from datetime import UTC, datetime
+
+    at = datetime(2026, 3, 2, 7, 4, 5, 123456, tzinfo=UTC)
+    j = JobFactory(running=True, claimed_at=at, heartbeat_at=at + timedelta(seconds=1),
+                   lease_expires_at=at + timedelta(seconds=2))
+    AttemptFactory(job=j, number=1, claimed_at=at - timedelta(seconds=7),
+                   finished_at=at - timedelta(seconds=6, microseconds=500_000))
+    OperatorAction.objects.create(actor_name="op", action="retry", job_ids=[j.pk])
+    OperatorAction.objects.filter(job_ids=[j.pk]).update(created_at=at + timedelta(minutes=1))
+    client = login(superuser=True)
+    page = client.get(f"{CHANGELIST}{j.pk}/change/").content.decode()
+    for shown in ("2026-03-02 07:04:05.123 UTC", "2026-03-02 07:04:06.123 UTC",
+                  "2026-03-02 07:04:07.123 UTC",  # claim, heartbeat, lease expiry
+                  "2026-03-02 07:03:58.123 UTC", "2026-03-02 07:03:58.623 UTC",  # the inline
+                  "2026-03-02 07:05:05.123 UTC"):  # the operator history
+        assert shown in page, shown
+    assert "7:04 a.m." not in page
+    with timezone.override("Europe/Paris"):
+        assert "2026-03-02 08:04:05.123 CET" in client.get(
+            f"{CHANGELIST}{j.pk}/change/").content.decode()
+    attempts = client.get("/admin/pgjobs/attempt/").content.decode()
+    assert "2026-03-02 07:03:58.123 UTC" in attempts
+    audit = client.get("/admin/pgjobs/operatoraction/").content.decode()
+    assert "2026-03-02 07:05:05.123 UTC" in audit

@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString
 
 from .. import stats
 from ..status import JobStatus
-from .display import duration_text
+from .display import duration_text, time_text
 
 CHART_WIDTH = 720
 CHART_HEIGHT = 200
@@ -69,7 +69,7 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
         "schedules_url": schedules,
         "late_schedules": [
             (s.name, f"{schedules}?{urlencode({'q': s.name})}", s.task,
-             f"{s.due_at:%Y-%m-%d %H:%M:%S} UTC", duration_text(s.late_seconds),
+             time_text(s.due_at), duration_text(s.late_seconds),
              "not enqueued yet" if s.pending else "enqueued late")
             for s in snap.schedules.late
         ],

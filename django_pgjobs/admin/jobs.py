@@ -30,7 +30,7 @@ from .. import sql, transitions
 from ..models import Attempt, Job, OperatorAction
 from ..registry import redactor_for
 from .actions import ACTION_MAX_JOBS, ACTIONS, Action, status_counts
-from .base import AttemptColumns, NoWrites, ReadOnlyAdmin
+from .base import AttemptColumns, NoWrites, ReadOnlyAdmin, TimeColumns
 from .dashboard import dashboard_context
 from .display import (
     duration_text,
@@ -39,6 +39,7 @@ from .display import (
     pretty,
     preview,
     searchable,
+    time_text,
 )
 from .filters import QueueFilter, TaskFilter
 
@@ -62,15 +63,15 @@ def operator_action(action: Action) -> Any:
     return admin.action(permissions=[action.permission], description=action.description)(run)
 
 
-class AttemptInline(NoWrites, AttemptColumns, admin.TabularInline):
+class AttemptInline(NoWrites, AttemptColumns, TimeColumns, admin.TabularInline):
     model = Attempt
     fk_name = "job"
     extra = 0
     max_num = 0
     can_delete = False
     ordering = ("number",)
-    fields = ("number", "worker_id", "outcome", "failure_class", "duration", "claimed_at",
-              "finished_at", "error_shown")
+    fields = ("number", "worker_id", "outcome", "failure_class", "duration", "claimed_at_shown",
+              "finished_at_shown", "error_shown")
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Attempt]:
@@ -81,8 +82,13 @@ class AttemptInline(NoWrites, AttemptColumns, admin.TabularInline):
         return request.user.has_perm("pgjobs.view_job")
 
 
+TIME_FIELDS = ("run_at_shown", "deadline_shown", "created_at_shown", "started_at_shown",
+               "finished_at_shown", "updated_at_shown", "claimed_at_shown",
+               "lease_expires_at_shown", "heartbeat_at_shown", "scheduled_at_shown")
+
+
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
+class JobAdmin(TimeColumns, ReadOnlyAdmin):
     list_display = ("id", "task", "queue", "status", "attempts_used", "age", "lease",
                     "failure_class", "payload_preview")
     list_filter = ("status", QueueFilter, TaskFilter, "failure_class")
@@ -92,20 +98,22 @@ class JobAdmin(ReadOnlyAdmin):
     inlines = [AttemptInline]
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
     readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",
-                       "schedule_link")
+                       "schedule_link", *TIME_FIELDS)
     fieldsets = (
         (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "failure_class",
                            "priority", "base_priority")}),
         ("Payload (redacted)", {"fields": ("payload_shown", "payload_version", "result_shown")}),
         ("Last error (redacted)", {"fields": ("error_shown",)}),
-        ("Attempts and times", {"fields": ("attempts", "max_attempts", "snoozes", "run_at",
-                                           "deadline", "created_at", "started_at", "finished_at",
-                                           "updated_at")}),
+        ("Attempts and times", {"fields": ("attempts", "max_attempts", "snoozes", "run_at_shown",
+                                           "deadline_shown", "created_at_shown",
+                                           "started_at_shown", "finished_at_shown",
+                                           "updated_at_shown")}),
         # A running attempt's record until it ends (the inline lists the attempts that ended).
-        ("Lease", {"fields": ("lease_owner", "lease_token", "claimed_at", "lease_seconds",
-                              "lease_expires_at", "heartbeat_at", "cancel_requested_at")}),
+        ("Lease", {"fields": ("lease_owner", "lease_token", "claimed_at_shown", "lease_seconds",
+                              "lease_expires_at_shown", "heartbeat_at_shown",
+                              "cancel_requested_at")}),
         ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
-                                 "scheduled_at")}),
+                                 "scheduled_at_shown")}),
         ("Operator actions", {"fields": ("operator_history",)}),
     )
 
@@ -203,7 +211,7 @@ class JobAdmin(ReadOnlyAdmin):
     def operator_history(self, job: Job) -> str:
         actions = operator_actions_of(job.pk)
         rows = [
-            (a.created_at.strftime("%Y-%m-%d %H:%M:%S"), a.get_action_display(),
+            (time_text(a.created_at), a.get_action_display(),
              a.actor_name or "(code)", a.reason or "")
             for a in actions
         ]

@@ -18,7 +18,7 @@ from .. import stats, transitions
 from ..models import QueueState
 from ..validation import queue_problem
 from .base import ReadOnlyAdmin
-from .display import duration_text
+from .display import duration_text, time_text
 
 ACTIONS = {
     "pause": ("Pause queue {queue}", "Workers will stop claiming from {queue} within a second; "
@@ -80,7 +80,7 @@ def queue_rows() -> list[dict[str, Any]]:
             "queue": name, "paused": bool(state and state.paused),
             "ready": q.ready if q else 0, "running": q.running if q else 0,
             "oldest_ready": "-" if age is None else duration_text(age),
-            "changed_at": state.changed_at if state else None,
+            "changed_at": time_text(state.changed_at if state else None),
             "changed_by": state.changed_by if state else "",
             "reason": state.reason if state else "",
         })

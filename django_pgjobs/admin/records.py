@@ -10,24 +10,26 @@ from django.utils.html import format_html
 
 from ..models import Attempt, IdempotencyReceipt, OperatorAction
 from ..registry import redactor_for
-from .base import AttemptColumns, ReadOnlyAdmin
+from .base import AttemptColumns, ReadOnlyAdmin, TimeColumns
 from .display import exact_id, pretty, searchable
 from .filters import EndedOutcomeFilter
 
 
 @admin.register(Attempt)
-class AttemptAdmin(AttemptColumns, ReadOnlyAdmin):
+class AttemptAdmin(AttemptColumns, TimeColumns, ReadOnlyAdmin):
     list_display = ("id", "job_link", "task", "number", "worker_id", "outcome", "failure_class",
-                    "duration", "claimed_at")
+                    "duration", "claimed_at_shown")
     list_filter = (("outcome", EndedOutcomeFilter), "failure_class")
     list_select_related = ("job",)
-    sortable_by = ("id", "job_link", "claimed_at")  # the indexed ones
+    sortable_by = ("id", "job_link", "claimed_at_shown")  # the indexed ones
     search_fields = ("=job__id",)
     search_help_text = "Exact job id."
     ordering = ("-id",)
-    fields = ("job_link", "number", "worker_id", "lease_token", "claimed_at", "finished_at",
-              "outcome", "reported_outcome", "failure_class", "duration", "error_shown")
-    readonly_fields = ("job_link", "duration", "error_shown")
+    fields = ("job_link", "number", "worker_id", "lease_token", "claimed_at_shown",
+              "finished_at_shown", "outcome", "reported_outcome", "failure_class", "duration",
+              "error_shown")
+    readonly_fields = ("job_link", "duration", "error_shown", "claimed_at_shown",
+                       "finished_at_shown")
 
     @admin.display(description="job", ordering="job_id")
     def job_link(self, attempt: Attempt) -> str:
@@ -51,14 +53,14 @@ class AttemptAdmin(AttemptColumns, ReadOnlyAdmin):
 
 
 @admin.register(IdempotencyReceipt)
-class IdempotencyReceiptAdmin(ReadOnlyAdmin):
-    list_display = ("id", "scope", "key", "job_id", "created_at", "expires_at")
-    sortable_by = ("id", "expires_at")  # the indexed ones
+class IdempotencyReceiptAdmin(TimeColumns, ReadOnlyAdmin):
+    list_display = ("id", "scope", "key", "job_id", "created_at_shown", "expires_at_shown")
+    sortable_by = ("id", "expires_at_shown")  # the indexed ones
     search_fields = ("=scope", "=key")
     search_help_text = "Exact scope:key."
     ordering = ("-id",)
-    fields = ("scope", "key", "job_id", "result_shown", "created_at", "expires_at")
-    readonly_fields = ("job_id", "result_shown")
+    fields = ("scope", "key", "job_id", "result_shown", "created_at_shown", "expires_at_shown")
+    readonly_fields = ("job_id", "result_shown", "created_at_shown", "expires_at_shown")
 
     @admin.display(description="result (redacted)")
     def result_shown(self, receipt: IdempotencyReceipt) -> str:
@@ -78,13 +80,14 @@ class IdempotencyReceiptAdmin(ReadOnlyAdmin):
 
 
 @admin.register(OperatorAction)
-class OperatorActionAdmin(ReadOnlyAdmin):
-    list_display = ("id", "created_at", "actor_name", "action", "selected", "changed", "reason")
+class OperatorActionAdmin(TimeColumns, ReadOnlyAdmin):
+    list_display = ("id", "created_at_shown", "actor_name", "action", "selected", "changed",
+                    "reason")
     list_filter = ("action",)
     ordering = ("-id",)
-    fields = ("created_at", "actor_name", "action", "reason", "selected", "changed",
+    fields = ("created_at_shown", "actor_name", "action", "reason", "selected", "changed",
               "job_ids", "schedule_ids", "detail_shown")
-    readonly_fields = ("detail_shown",)
+    readonly_fields = ("detail_shown", "created_at_shown")
 
     @admin.display(description="what changed")
     def detail_shown(self, action: OperatorAction) -> str:
