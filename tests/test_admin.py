@@ -890,3 +890,52 @@ def test_every_page_shows_times_to_the_millisecond_with_the_zone(login: Any) -> 
     assert "2026-03-02 07:03:58.123 UTC" in attempts
     audit = client.get("/admin/pgjobs/operatoraction/").content.decode()
     assert "2026-03-02 07:05:05.123 UTC" in audit
+
+
+def dashboard_health(client: Client) -> str:
+    html = client.get(reverse("admin:pgjobs_job_dashboard")).content.decode()
+    start = html.index('<div id="pgjobs-health">')
+    return html[start:html.index("</div>", start)]
+
+
+def test_a_quiet_dashboard_says_what_it_checked_and_that_no_backlog_policy_is_set(
+    login: Any,
+) -> None:
+    JobFactory(queue="mail")
+    health = dashboard_health(login("view_job"))
+    assert ("No expired leases, no late schedules, no paused queue; no backlog policy is set "
+            "(PGJOBS_BACKLOG_MAX_AGE_SECONDS), so backlog age is not checked.") in health
+    assert "within" not in health
+    with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"mail": 60}):
+        assert "every queue with a backlog policy is within it." in dashboard_health(
+            login("view_job", username="op2"))
+
+
+@override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"mail": 60}, PGJOBS_SCHEDULE_GRACE_SECONDS=60)
+def test_the_dashboard_health_names_each_problem(login: Any) -> None:
+    from tests.factories import ScheduleFactory
+
+    JobFactory.create_batch(2, queue="mail", run_at=timezone.now() - timedelta(minutes=5))
+    JobFactory(queue="bulk", running=True, lease_expires_at=timezone.now() - timedelta(seconds=5))
+    pause_queue("reports")
+    ScheduleFactory(name="ops.late", next_tick_at=timezone.now() - timedelta(minutes=10))
+    health = dashboard_health(login("view_job"))
+    items = [line.rsplit('class="pgjobs-unhealthy">', 1)[1] for line in health.split("</li>")[:-1]]
+    assert len(items) == 4
+    assert items[0].startswith("Queue mail: the oldest ready job has waited 5m ")
+    assert items[0].endswith(", over its backlog policy of 1m 0s.")
+    assert items[1:] == [
+        "1 job still running with an expired lease: the worker is gone or stalled, and the "
+        "rescue step has not retried or ended them yet.",
+        "1 late schedule: ops.late.",
+        "Queue reports is paused: workers claim none of its jobs.",
+    ]
+
+
+def test_a_queue_with_only_finished_jobs_is_listed_beside_its_pickup_latency(login: Any) -> None:
+    job = JobFactory(queue="reports", succeeded=True, run_at=timezone.now() - timedelta(seconds=3))
+    AttemptFactory(job=job, number=1, claimed_at=timezone.now() - timedelta(seconds=2))
+    response = login("view_job").get(reverse("admin:pgjobs_job_dashboard"))
+    assert [p.key for p in response.context["snapshot"].pickup_latency_seconds] == ["reports"]
+    rows = {r.queue: r for r in response.context["queue_rows"]}
+    assert [c.count for c in rows["reports"].cells] == [0, 0, 0, 0, 0]

@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString
 
 from .. import stats
 from ..status import JobStatus
-from .display import duration_text, time_text
+from .display import duration_text, jobs_text, time_text
 
 CHART_WIDTH = 720
 CHART_HEIGHT = 200
@@ -43,10 +43,63 @@ class QueueRow:
     paused: bool = False
 
 
+def _over_policy(snap: stats.Snapshot) -> list[str]:
+    return [
+        f"Queue {q.queue}: the oldest ready job has waited "
+        f"{duration_text(q.oldest_ready_age_seconds or 0)}, over its backlog policy of "
+        f"{duration_text(q.backlog_max_age_seconds or 0)}."
+        for q in snap.queues if not q.healthy
+    ]
+
+
+def _paused(snap: stats.Snapshot) -> list[str]:
+    return [f"Queue {q.queue} is paused: workers claim none of its jobs."
+            for q in snap.queues if q.paused]
+
+
+def _expired_leases(snap: stats.Snapshot) -> list[str]:
+    n = snap.leases.expired
+    if not n:
+        return []
+    return [f"{jobs_text(n)} still running with an expired lease: the worker is gone or stalled, "
+            "and the rescue step has not retried or ended them yet."]
+
+
+def _late_schedules(snap: stats.Snapshot) -> list[str]:
+    late = snap.schedules.late
+    if not late:
+        return []
+    names = ", ".join(s.name for s in late)
+    return [f"{len(late)} late schedule{'s' if len(late) != 1 else ''}: {names}."]
+
+
+# Each check of the health line, in the order the line says them.
+HEALTH_CHECKS = (_over_policy, _expired_leases, _late_schedules, _paused)
+
+
+def health(snap: stats.Snapshot) -> tuple[list[str], str]:
+    """What is wrong, one sentence each (empty when nothing is), and what was checked."""
+    problems = [text for check in HEALTH_CHECKS for text in check(snap)]
+    policies = [q.queue for q in snap.queues if q.backlog_max_age_seconds is not None]
+    backlog = ("every queue with a backlog policy is within it" if policies
+               else "no backlog policy is set (PGJOBS_BACKLOG_MAX_AGE_SECONDS), so backlog age "
+               "is not checked")
+    checked = (f"No expired leases, no late schedules, no paused queue; {backlog}."
+               if not problems else "")
+    return problems, checked
+
+
 def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """The template context of the dashboard page."""
     snap = stats.snapshot(using=using)
     changelist = reverse("admin:pgjobs_job_changelist")
+    listed = {q.queue for q in snap.queues}
+    # A queue whose jobs all finished long ago has nothing to count, yet it is named under
+    # pickup latency: list it with zeros rather than leave it out.
+    queues = sorted([*snap.queues, *(stats.QueueStats(queue=name) for name in
+                                     {p.key for p in snap.pickup_latency_seconds} - listed)],
+                    key=lambda q: q.queue)
+    problems, checked = health(snap)
     rows = [
         QueueRow(
             queue=q.queue,
@@ -60,12 +113,14 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
             healthy=q.healthy,
             paused=q.paused,
         )
-        for q in snap.queues
+        for q in queues
     ]
     total_attempts = sum(b.count for b in snap.attempts) or 1
     schedules = reverse("admin:pgjobs_schedule_changelist")
     return {
         "snapshot": snap,
+        "problems": problems,
+        "checked": checked,
         "schedules_url": schedules,
         "late_schedules": [
             (s.name, f"{schedules}?{urlencode({'q': s.name})}", s.task,
@@ -129,4 +184,4 @@ def throughput_svg(points: Sequence[stats.ThroughputPoint]) -> SafeString:
     )
 
 
-__all__ = ["dashboard_context", "throughput_svg"]
+__all__ = ["dashboard_context", "health", "throughput_svg"]
