@@ -432,4 +432,4 @@ class OperatorAction(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.action} by {self.actor_name or '(no user)'} at {self.created_at}"
+        return f"{self.get_action_display()} by {self.actor_name or '(no user)'}"

@@ -939,3 +939,64 @@ def test_a_queue_with_only_finished_jobs_is_listed_beside_its_pickup_latency(log
     assert [p.key for p in response.context["snapshot"].pickup_latency_seconds] == ["reports"]
     rows = {r.queue: r for r in response.context["queue_rows"]}
     assert [c.count for c in rows["reports"].cells] == [0, 0, 0, 0, 0]
+
+
+# --- wording ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("made", "said"), [
+    ({"ready": 2}, "Cancelled 2 jobs."),
+    ({"running": 1}, "Asked 1 job (running) to stop."),
+    ({"ready": 1, "running": 2}, "Cancelled 1 job; asked 2 jobs (running) to stop."),
+])
+def test_the_cancel_message_names_only_what_happened(
+    login: Any, made: dict[str, int], said: str
+) -> None:
+    client = login("view_job", "cancel_job")
+    jobs = [JobFactory() for _ in range(made.get("ready", 0))] + [
+        JobFactory(running=True) for _ in range(made.get("running", 0))]
+    response = client.post(CHANGELIST, {
+        "action": "cancel_selected", "_selected_action": jobs[0].pk, "pgjobs_confirm": "yes",
+        "pgjobs_ids": ",".join(str(j.pk) for j in jobs), "reason": ""}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == [said]
+
+
+def test_the_pages_say_things_the_way_operators_read_them(login: Any) -> None:
+    j = JobFactory(task="tests.admin.charge", payload=secret_payload())
+    AttemptFactory(job=j, number=1, failure_class="lease_expired", outcome="lease_expired",
+                   claimed_at=timezone.now())
+    client = login(superuser=True)
+    client.post(f"{CHANGELIST}{j.pk}/raw-payload/")
+    audit = OperatorAction.objects.get()
+    audit_page = client.get(f"/admin/pgjobs/operatoraction/{audit.pk}/change/").content.decode()
+    assert "<title>view raw payload by op | View operator action" in audit_page
+    assert "view_raw_payload" not in audit_page.split("<body")[0]
+    # The breadcrumb names the app, then the list: not "Jobs > Jobs".
+    listing = client.get(CHANGELIST).content.decode()
+    assert '<a href="/admin/pgjobs/">Job queue</a>\n&rsaquo; Jobs' in listing
+    # No link to Django's change history, which is always empty here; its URL shows the record.
+    page = client.get(f"{CHANGELIST}{j.pk}/change/").content.decode()
+    assert "historylink" not in page and "pgjobs-raw-payload-link" in page
+    history = client.get(f"{CHANGELIST}{j.pk}/history/")
+    assert (history.status_code, history["Location"]) == (302, f"{CHANGELIST}{j.pk}/change/")
+    # Failure classes by their label on the dashboard too.
+    dashboard = client.get(reverse("admin:pgjobs_job_dashboard"))
+    assert dashboard.context["failure_totals"] == [("lease expired", 1)]
+    assert "lease_expired" not in dashboard.content.decode()
+
+
+def test_every_confirmation_has_the_same_buttons(login: Any) -> None:
+    j = JobFactory(dead=True)
+    client = login(superuser=True)
+    pages = [
+        start_action(client, "retry_selected", [j]).content.decode(),
+        client.post("/admin/pgjobs/queuestate/", {"action": "pause", "queue": "mail"}
+                    ).content.decode(),
+        client.get(f"{CHANGELIST}{j.pk}/raw-payload/").content.decode(),
+    ]
+    for page, yes in zip(pages, ("Yes, retry jobs", "Yes, pause queue mail",
+                                 "Yes, show the raw payload"), strict=True):
+        row = page[page.index('<div class="submit-row">'):]
+        row = row[:row.index("</div>")]
+        assert f'value="{yes}"' in row, row
+        assert 'class="button cancel-link">No, take me back</a>' in row, row

@@ -7,7 +7,8 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 
 from ..models import Attempt
 from .display import EstimatedCountPaginator, attempt_error_html, searchable, time_column
@@ -130,5 +131,19 @@ class ReadOnlyAdmin(NoWrites, OwnLookupsOnly, RefuseForgedActions, admin.ModelAd
     list_per_page = 50
     sortable_by: Any = ("id",)
 
+    # Django's own change history is always empty here (nothing is changed through the admin);
+    # the page leaves its link out, and its URL answers with the record, where the operator
+    # history of a job is shown.
+    change_form_template = "admin/pgjobs/change_form.html"
+
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return IndexedOrderChangeList
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        opts = self.opts
+        return HttpResponseRedirect(
+            reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[object_id]))

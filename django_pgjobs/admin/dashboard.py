@@ -17,7 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .. import stats
-from ..status import JobStatus
+from ..status import FailureClass, JobStatus
 from .display import duration_text, jobs_text, time_text
 
 CHART_WIDTH = 720
@@ -133,13 +133,22 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
         "attempt_rows": [
             (b.number, b.count, round(100 * b.count / total_attempts)) for b in snap.attempts
         ],
-        "failure_totals": sorted(snap.failures_by_class().items(), key=lambda kv: -kv[1]),
+        "failure_totals": [(class_label(c), n) for c, n in sorted(
+            snap.failures_by_class().items(), key=lambda kv: -kv[1])],
+        "failures_by_task": [(class_label(f.failure_class), f.task, f.count)
+                             for f in snap.failures],
         "throughput_svg": throughput_svg(snap.throughput),
         "throughput_total": sum(p.succeeded + p.dead for p in snap.throughput),
         "recent_hours": round(snap.windows.get("recent_seconds", 0) / 3600),
         "latency_minutes": round(snap.windows.get("latency_window_seconds", 0) / 60),
         "queues_url": reverse("admin:pgjobs_queuestate_changelist"),
     }
+
+
+def class_label(failure_class: str) -> str:
+    """A failure class as the lists and the job page say it (``lease expired``)."""
+    return str(FailureClass(failure_class).label) if failure_class in FailureClass.values \
+        else failure_class
 
 
 def _filter(queue: str, status: str) -> str:

@@ -95,6 +95,7 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     search_fields = ("=id", "=idempotency_key", "=trace_id")
     search_help_text = "Exact job id, idempotency key or trace id."
     ordering = ("-id",)
+    change_form_template = "admin/pgjobs/job/change_form.html"
     inlines = [AttemptInline]
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
     readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",

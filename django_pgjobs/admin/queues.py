@@ -22,10 +22,9 @@ from .display import duration_text, time_text
 
 ACTIONS = {
     "pause": ("Pause queue {queue}", "Workers will stop claiming from {queue} within a second; "
-              "its running jobs finish, and enqueue goes on.", "Pause it",
-              transitions.pause_queue),
+              "its running jobs finish, and enqueue goes on.", transitions.pause_queue),
     "resume": ("Resume queue {queue}", "Workers will claim from {queue} again at once.",
-               "Resume it", transitions.resume_queue),
+               transitions.resume_queue),
 }
 
 
@@ -51,11 +50,11 @@ class QueueStateAdmin(ReadOnlyAdmin):
             action, queue = request.POST.get("action", ""), request.POST.get("queue", "")
             if action not in ACTIONS or queue_problem(queue) is not None:
                 raise PermissionDenied("unknown action or queue")
-            title, text, button, transition = ACTIONS[action]
+            title, text, transition = ACTIONS[action]
             if request.POST.get("pgjobs_confirm") != "yes":
                 context["confirm"] = {
                     "title": title.format(queue=queue), "text": text.format(queue=queue),
-                    "button": button, "action": action, "queue": queue,
+                    "action": action, "queue": queue,
                 }
                 return TemplateResponse(request, "admin/pgjobs/queuestate/queues.html", context)
             reason = request.POST.get("reason", "")[:1000].strip()
