@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
@@ -129,7 +129,7 @@ class ReadOnlyAdmin(NoWrites, OwnLookupsOnly, RefuseForgedActions, admin.ModelAd
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     list_per_page = 50
-    sortable_by: Any = ("id",)
+    sortable_by: ClassVar[tuple[str, ...] | list[str] | None] = ("id",)
 
     # Django's own change history is always empty here (nothing is changed through the admin);
     # the page leaves its link out, and its URL answers with the record, where the operator

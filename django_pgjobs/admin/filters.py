@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.views.main import ChangeList
 from django.db import connection
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -13,7 +12,6 @@ from django.http import HttpRequest
 from .. import sql
 from ..conf import settings
 from ..registry import registry
-from ..status import AttemptOutcome
 from .display import searchable
 
 
@@ -62,16 +60,3 @@ class TaskFilter(KnownNamesFilter):
     def known_names(self) -> set[str]:
         return set(registry.names())
 
-
-class EndedOutcomeFilter(admin.ChoicesFieldListFilter):
-    """The outcomes an attempt row can have: not ``running``, which no row ever holds.
-
-    An attempt's row is written by the statement that ends it; a running attempt is the job's
-    lease (the job list's ``running`` status).
-    """
-
-    def choices(self, changelist: ChangeList) -> Any:
-        never = changelist.get_query_string(
-            {self.lookup_kwarg: AttemptOutcome.RUNNING}, [self.lookup_kwarg_isnull])
-        return (choice for choice in super().choices(changelist)
-                if choice["query_string"] != never)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -10,9 +13,23 @@ from django.utils.html import format_html
 
 from ..models import Attempt, IdempotencyReceipt, OperatorAction
 from ..registry import redactor_for
+from ..status import AttemptOutcome
 from .base import AttemptColumns, ReadOnlyAdmin, TimeColumns
 from .display import exact_id, pretty, searchable
-from .filters import EndedOutcomeFilter
+
+
+class EndedOutcomeFilter(admin.ChoicesFieldListFilter):
+    """The outcomes an attempt row can have: not ``running``, which no row ever holds.
+
+    An attempt's row is written by the statement that ends it; a running attempt is the job's
+    lease (the job list's ``running`` status).
+    """
+
+    def choices(self, changelist: ChangeList) -> Any:
+        never = changelist.get_query_string(
+            {self.lookup_kwarg: AttemptOutcome.RUNNING}, [self.lookup_kwarg_isnull])
+        return (choice for choice in super().choices(changelist)
+                if choice["query_string"] != never)
 
 
 @admin.register(Attempt)
