@@ -958,6 +958,11 @@ def test_a_queue_with_only_finished_jobs_is_listed_beside_its_pickup_latency(log
     assert [p.key for p in response.context["snapshot"].pickup_latency_seconds] == ["reports"]
     rows = {r.queue: r for r in response.context["queue_rows"]}
     assert [c.count for c in rows["reports"].cells] == [0, 0, 0, 0, 0]
+    assert (rows["reports"].policy, rows["reports"].paused) == ("none", False)
+    with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"*": 90}):
+        rows = {r.queue: r for r in login("view_job", username="op2").get(
+            reverse("admin:pgjobs_job_dashboard")).context["queue_rows"]}
+    assert rows["reports"].policy == "1m 30s"
 
 
 # --- wording ------------------------------------------------------------------------------------

@@ -94,11 +94,13 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     snap = stats.snapshot(using=using)
     changelist = reverse("admin:pgjobs_job_changelist")
     listed = {q.queue for q in snap.queues}
-    # A queue whose jobs all finished long ago has nothing to count, yet it is named under
-    # pickup latency: list it with zeros rather than leave it out.
-    queues = sorted([*snap.queues, *(stats.QueueStats(queue=name) for name in
-                                     {p.key for p in snap.pickup_latency_seconds} - listed)],
-                    key=lambda q: q.queue)
+    policy = stats.backlog_policy()
+    # A queue whose jobs have all finished has nothing to count, yet it is named under pickup
+    # latency: list it with zeros rather than leave it out.
+    queues = sorted([*snap.queues, *(
+        stats.QueueStats(queue=name, backlog_max_age_seconds=stats.backlog_max_age(name, policy))
+        for name in {p.key for p in snap.pickup_latency_seconds} - listed)],
+        key=lambda q: q.queue)
     problems, checked = health(snap)
     rows = [
         QueueRow(
