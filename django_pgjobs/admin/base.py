@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from django.contrib import admin
-from django.contrib.admin.views.main import ChangeList
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
 from ..models import Attempt
-from .display import EstimatedCountPaginator, attempt_error_html, searchable, time_column
+from .display import (
+    MAX_PAGES,
+    EstimatedCountPaginator,
+    attempt_error_html,
+    searchable,
+    time_column,
+)
 
 
 class NoWrites:
@@ -138,6 +144,18 @@ class ReadOnlyAdmin(NoWrites, OwnLookupsOnly, RefuseForgedActions, admin.ModelAd
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return IndexedOrderChangeList
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        page = request.GET.get(PAGE_VAR, "")
+        if page.isascii() and page.isdigit() and int(page) > MAX_PAGES:
+            self.message_user(request, f"The list stops at page {MAX_PAGES}: filter or search to "
+                              "reach older rows.", messages.WARNING)
+            query = request.GET.copy()
+            query[PAGE_VAR] = str(MAX_PAGES)
+            return HttpResponseRedirect(f"{request.path}?{query.urlencode()}")
+        return super().changelist_view(request, extra_context)
 
     def history_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
