@@ -22,7 +22,7 @@ from django_pgjobs.admin import (
     duration_text,
     planner_rows,
 )
-from django_pgjobs.models import Job, OperatorAction
+from django_pgjobs.models import Job, OperatorAction, QueueState
 from django_pgjobs.redaction import REDACTED
 from django_pgjobs.status import JobStatus, TerminalReason
 from django_pgjobs.transitions import pause_queue
@@ -912,6 +912,10 @@ def test_every_page_shows_times_to_the_millisecond_with_the_zone(login: Any) -> 
     assert "2026-03-02 07:03:58.123 UTC" in attempts
     audit = client.get("/admin/pgjobs/operatoraction/").content.decode()
     assert "2026-03-02 07:05:05.123 UTC" in audit
+    pause_queue("mail")
+    QueueState.objects.filter(name="mail").update(changed_at=at)
+    queues = client.get("/admin/pgjobs/queuestate/").content.decode()
+    assert "<td>2026-03-02 07:04:05.123 UTC</td>" in queues
 
 
 def dashboard_health(client: Client) -> str:
