@@ -707,6 +707,31 @@ def test_task_finished_is_sent_once_when_the_job_is_dead_and_a_retry_is_a_warnin
 
 
 @task()
+def snoozing() -> None:
+    raise django_pgjobs.Snooze(60)
+
+
+@pytest.mark.django_db
+def test_a_snoozing_task_is_neither_finished_nor_a_failure(caplog) -> None:
+    caplog.set_level("INFO")
+    finished: list[Any] = []
+
+    def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
+        finished.append(task_result.status)
+
+    task_finished.connect(receiver)
+    try:
+        result = snoozing.enqueue()
+        [run] = drain()
+    finally:
+        task_finished.disconnect(receiver)
+    assert (run.outcome, run.status) == (AttemptOutcome.SNOOZED, JobStatus.SCHEDULED)
+    assert snoozing.get_result(result.id).status == TaskResultStatus.READY
+    assert finished == []
+    assert [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []
+
+
+@task()
 def login(username: str, password: str, *, otp: str = "") -> str:
     raise ValueError(f"user {username} with {password} refused")
 

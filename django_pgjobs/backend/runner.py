@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.connection import ConnectionDoesNotExist
 
 from ..conf import settings
-from ..exceptions import EnqueueError
+from ..exceptions import EnqueueError, Snooze
 from ..redaction import Redactor
 from ..registry import Handler, redactor_for
 from ..retry import Decision, Verdict, backoff_replaceable, classify, decide, with_verdict
@@ -180,6 +180,8 @@ class _TaskRun:
         return list(running.args)
 
     def failed(self, running: TaskResult, exc: BaseException) -> None:
+        if isinstance(exc, Snooze):
+            return  # not a failure: the job waits and runs again, its attempt given back
         scrub = redactor_for(self.ctx.job.task)
         failed = replace(
             running, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
