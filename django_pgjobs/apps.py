@@ -6,7 +6,7 @@ from django.apps import AppConfig
 class PgJobsConfig(AppConfig):
     name = "django_pgjobs"
     label = "pgjobs"
-    verbose_name = "Jobs"
+    verbose_name = "Job queue"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

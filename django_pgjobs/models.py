@@ -7,6 +7,7 @@ invariants the database enforces.
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
@@ -424,6 +425,11 @@ class OperatorAction(models.Model):
 
     class Meta:
         db_table = "pgjobs_operator_action"
+        indexes = [
+            # A job page's operator history: the actions whose job_ids hold the job (@>).
+            GinIndex(fields=["job_ids"], opclasses=["jsonb_path_ops"],
+                     name="pgjobs_action_job_ids_idx"),
+        ]
 
     def __str__(self) -> str:
-        return f"{self.action} by {self.actor_name or '(no user)'} at {self.created_at}"
+        return f"{self.get_action_display()} by {self.actor_name or '(no user)'}"

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.admin.templatetags.admin_list import result_headers
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client, override_settings
@@ -21,9 +22,10 @@ from django_pgjobs.admin import (
     duration_text,
     planner_rows,
 )
-from django_pgjobs.models import Job, OperatorAction
+from django_pgjobs.models import Job, OperatorAction, QueueState
 from django_pgjobs.redaction import REDACTED
 from django_pgjobs.status import JobStatus, TerminalReason
+from django_pgjobs.transitions import pause_queue
 from tests.factories import AttemptFactory, JobFactory, ReceiptFactory
 
 pytestmark = pytest.mark.django_db
@@ -374,7 +376,14 @@ def test_the_raw_payload_needs_its_permission_and_each_look_is_audited(login: An
     j = JobFactory(task="tests.admin.charge", payload=secret_payload())
     raw_url = f"{CHANGELIST}{j.pk}/raw-payload/"
     viewer = login("view_job", username="viewer")
-    assert viewer.get(raw_url).status_code == 403
+    for refused in (viewer.get(raw_url), viewer.post(raw_url)):
+        assert refused.status_code == 403
+        html = refused.content.decode()
+        # The admin's own page, naming the permission that is missing.
+        assert 'id="site-name"' in html and '<div class="breadcrumbs">' in html
+        assert ("Showing a job&#x27;s raw payload needs the permission\n“Can see unredacted "
+                "payloads” (<code>pgjobs.view_raw_payload</code>)") in html
+        assert SECRET_CARD not in html
     assert OperatorAction.objects.count() == 0
 
     auditor = login("view_job", "view_raw_payload", username="auditor")
@@ -716,12 +725,21 @@ def test_the_job_filters_select_the_right_rows(login: Any) -> None:
     ("/admin/pgjobs/attempt/?id=9999999999999999999999999", 400, None),
     ("/admin/pgjobs/idempotencyreceipt/?id=9999999999999999999999999", 400, None),
     ("/admin/pgjobs/operatoraction/?id=9999999999999999999999999", 400, None),
+    # A NUL in any list filter's value is refused before it reaches PostgreSQL.
+    (f"{CHANGELIST}?status__exact=%00", 400, None),
+    (f"{CHANGELIST}?failure_class__exact=a%00", 400, None),
+    ("/admin/pgjobs/attempt/?failure_class__exact=%00", 400, None),
+    ("/admin/pgjobs/attempt/?outcome__exact=%00", 400, None),
+    ("/admin/pgjobs/operatoraction/?action__exact=%00", 400, None),
+    ("/admin/pgjobs/schedule/?source__exact=%00", 400, None),
+    ("/admin/pgjobs/schedule/?misfire__exact=%00", 400, None),
 ])
 def test_odd_query_strings_answer_empty_or_400_never_500(
     login: Any, url: str, expected: int, rows: int | None
 ) -> None:
     secrets_everywhere()
-    client = login("view_job", "view_attempt", "view_idempotencyreceipt", "view_operatoraction")
+    client = login("view_job", "view_attempt", "view_idempotencyreceipt", "view_operatoraction",
+                   "view_schedule")
     response = client.get(url)
     assert response.status_code == expected
     if rows is not None:
@@ -746,3 +764,270 @@ def test_a_confirming_post_for_jobs_that_do_not_exist_writes_no_audit_row(login:
     })
     audits = list(OperatorAction.objects.order_by("id").values_list("job_ids", flat=True))
     assert audits == [[j.pk], [j.pk]]
+
+
+def filter_choices(response: Any, title: str) -> list[str]:
+    """The choices the list's filter ``title`` offers, as shown."""
+    cl = response.context["cl"]
+    [spec] = [s for s in cl.filter_specs if s.title == title]
+    return [str(choice["display"]) for choice in spec.choices(cl)]
+
+
+def test_the_attempt_list_offers_no_outcome_that_no_row_can_have(login: Any) -> None:
+    client = login("view_attempt")
+    offered = filter_choices(client.get("/admin/pgjobs/attempt/"), "outcome")
+    assert offered == ["All", "succeeded", "failed", "dead", "snoozed", "released",
+                       "lease expired", "timed out", "cancelled", "lost"]
+
+
+def test_the_queue_filter_offers_paused_queues_and_queues_without_ready_jobs(login: Any) -> None:
+    JobFactory(queue="mail", status=JobStatus.READY)
+    JobFactory(queue="reports", status=JobStatus.READY)
+    JobFactory(queue="exports", running=True)
+    pause_queue("reports")
+    pause_queue("idle")  # paused with no job at all
+    client = login("view_job")
+    offered = filter_choices(client.get(CHANGELIST), "queue")
+    assert {"mail", "reports", "exports", "idle"} <= set(offered)
+    response = client.get(CHANGELIST, {"queue": "reports"})
+    assert [j.queue for j in response.context["cl"].result_list] == ["reports"]
+
+
+@pytest.fixture
+def big_history() -> None:
+    """Enough finished history and audit rows that reading it whole is a plan the planner weighs."""
+    from tests.history import build_history
+
+    with connection.cursor() as cursor:
+        build_history(cursor, finished=60_000, ready=2000, queues=4, scheduled=100, retrying=50,
+                      due=10, running=20, receipts=100)
+        cursor.execute(
+            "INSERT INTO pgjobs_operator_action (created_at, actor_name, action, reason, job_ids,"
+            " schedule_ids, selected, changed, detail)"
+            " SELECT now(), 'op', 'retry', '', jsonb_build_array(g, g + 1), '[]', 2, 2, '{}'"
+            " FROM generate_series(1, 60000) AS g")
+        cursor.execute("ANALYZE pgjobs_operator_action")
+
+
+def plan_of(queryset: Any) -> str:
+    return queryset.explain(format="json")
+
+
+def seq_scanned(plan: str) -> set[str]:
+    """The tables a JSON plan reads whole."""
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+    return {n["Relation Name"] for n in nodes(json.loads(plan)[0]["Plan"])
+            if n["Node Type"] == "Seq Scan"}
+
+
+def test_the_job_list_sorts_on_its_index_whatever_the_query_string_asks(
+    login: Any, big_history: None
+) -> None:
+    client = login("view_job")
+    response = client.get(CHANGELIST, {"o": "-7.5", "p": "3"})
+    assert response.status_code == 200
+    cl = response.context["cl"]
+    assert list(cl.result_list.query.order_by) == ["-id"]
+    plan = plan_of(cl.result_list)
+    assert '"Sort"' not in plan and seq_scanned(plan) == set(), plan
+    assert "pgjobs_job_pkey" in plan
+    # Only the id column offers to sort.
+    assert [h["text"] for h in result_headers(cl) if h["sortable"]] == ["id"]
+
+
+def test_the_job_list_stops_at_its_deepest_page(login: Any, big_history: None) -> None:
+    client = login("view_job")
+    first = client.get(CHANGELIST)
+    assert first.context["cl"].result_count > 201 * 50  # the history goes deeper than that
+    assert first.context["cl"].paginator.num_pages == 200
+    assert client.get(CHANGELIST, {"p": "200"}).status_code == 200
+    for page in ("201", "3999"):
+        deep = client.get(CHANGELIST, {"status__exact": "succeeded", "p": page}, follow=True)
+        assert deep.redirect_chain == [(f"{CHANGELIST}?status__exact=succeeded&p=200", 302)]
+        assert deep.context["cl"].page_num == 200
+        assert [str(m) for m in deep.context["messages"]] == [
+            "The list stops at page 200: filter or search to reach older rows."]
+
+
+def test_the_queue_filter_reads_indexes_not_the_history(big_history: None) -> None:
+    from django_pgjobs import sql
+
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql.query("filter_queues"))
+        plan = json.dumps(cursor.fetchone()[0])
+    assert "pgjobs_job_claim_idx" in plan and "pgjobs_job_lease_idx" in plan, plan
+    # The queue-state table, one row per queue ever paused, may be read whole.
+    assert seq_scanned(plan) <= {"pgjobs_queue"}, plan
+
+
+def test_the_operator_history_of_a_job_reads_the_audit_index(big_history: None) -> None:
+    from django_pgjobs.admin.jobs import operator_actions_of
+
+    plan = plan_of(operator_actions_of(30_000))
+    assert "pgjobs_action_job_ids_idx" in plan and seq_scanned(plan) == set(), plan
+    assert [a.job_ids for a in operator_actions_of(30_000)] == [[30_000, 30_001], [29_999, 30_000]]
+
+
+@pytest.mark.parametrize(("codenames", "offered"), [
+    (("view_job", "view_queuestate"), False),
+    (("view_job", "view_queuestate", "pause_queue"), True),
+])
+def test_the_dashboard_offers_pause_and_resume_only_to_who_may(
+    login: Any, codenames: tuple[str, ...], offered: bool
+) -> None:
+    JobFactory(queue="mail")
+    pause_queue("reports")
+    client = login(*codenames)
+    html = client.get(reverse("admin:pgjobs_job_dashboard")).content.decode()
+    assert ('href="/admin/pgjobs/queuestate/">pause, resume</a>' in html) is offered
+    states = {r.queue: r.paused for r in client.get(
+        reverse("admin:pgjobs_job_dashboard")).context["queue_rows"]}
+    assert states == {"mail": False, "reports": True}
+    assert '<td class="pgjobs-queue-state">active</td>' in html
+
+
+def test_every_page_shows_times_to_the_millisecond_with_the_zone(login: Any) -> None:
+    from datetime import UTC, datetime
+
+    at = datetime(2026, 3, 2, 7, 4, 5, 123456, tzinfo=UTC)
+    j = JobFactory(running=True, claimed_at=at, heartbeat_at=at + timedelta(seconds=1),
+                   lease_expires_at=at + timedelta(seconds=2))
+    AttemptFactory(job=j, number=1, claimed_at=at - timedelta(seconds=7),
+                   finished_at=at - timedelta(seconds=6, microseconds=500_000))
+    OperatorAction.objects.create(actor_name="op", action="retry", job_ids=[j.pk])
+    OperatorAction.objects.filter(job_ids=[j.pk]).update(created_at=at + timedelta(minutes=1))
+    client = login(superuser=True)
+    page = client.get(f"{CHANGELIST}{j.pk}/change/").content.decode()
+    for shown in ("2026-03-02 07:04:05.123 UTC", "2026-03-02 07:04:06.123 UTC",
+                  "2026-03-02 07:04:07.123 UTC",  # claim, heartbeat, lease expiry
+                  "2026-03-02 07:03:58.123 UTC", "2026-03-02 07:03:58.623 UTC",  # the inline
+                  "2026-03-02 07:05:05.123 UTC"):  # the operator history
+        assert shown in page, shown
+    assert "7:04 a.m." not in page
+    with timezone.override("Europe/Paris"):
+        assert "2026-03-02 08:04:05.123 CET" in client.get(
+            f"{CHANGELIST}{j.pk}/change/").content.decode()
+    attempts = client.get("/admin/pgjobs/attempt/").content.decode()
+    assert "2026-03-02 07:03:58.123 UTC" in attempts
+    audit = client.get("/admin/pgjobs/operatoraction/").content.decode()
+    assert "2026-03-02 07:05:05.123 UTC" in audit
+    pause_queue("mail")
+    QueueState.objects.filter(name="mail").update(changed_at=at)
+    queues = client.get("/admin/pgjobs/queuestate/").content.decode()
+    assert "<td>2026-03-02 07:04:05.123 UTC</td>" in queues
+
+
+def dashboard_health(client: Client) -> str:
+    html = client.get(reverse("admin:pgjobs_job_dashboard")).content.decode()
+    start = html.index('<div id="pgjobs-health">')
+    return html[start:html.index("</div>", start)]
+
+
+def test_a_quiet_dashboard_says_what_it_checked_and_that_no_backlog_policy_is_set(
+    login: Any,
+) -> None:
+    JobFactory(queue="mail")
+    health = dashboard_health(login("view_job"))
+    assert ("No expired leases, no late schedules, no paused queue; no backlog policy is set "
+            "(PGJOBS_BACKLOG_MAX_AGE_SECONDS), so backlog age is not checked.") in health
+    assert "within" not in health
+    with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"mail": 60}):
+        assert "every queue with a backlog policy is within it." in dashboard_health(
+            login("view_job", username="op2"))
+
+
+@override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"mail": 60}, PGJOBS_SCHEDULE_GRACE_SECONDS=60)
+def test_the_dashboard_health_names_each_problem(login: Any) -> None:
+    from tests.factories import ScheduleFactory
+
+    JobFactory.create_batch(2, queue="mail", run_at=timezone.now() - timedelta(minutes=5))
+    JobFactory(queue="bulk", running=True, lease_expires_at=timezone.now() - timedelta(seconds=5))
+    pause_queue("reports")
+    ScheduleFactory(name="ops.late", next_tick_at=timezone.now() - timedelta(minutes=10))
+    health = dashboard_health(login("view_job"))
+    items = [line.rsplit('class="pgjobs-unhealthy">', 1)[1] for line in health.split("</li>")[:-1]]
+    assert len(items) == 4
+    assert items[0].startswith("Queue mail: the oldest ready job has waited 5m ")
+    assert items[0].endswith(", over its backlog policy of 1m 0s.")
+    assert items[1:] == [
+        "1 job still running with an expired lease: the worker is gone or stalled, and the "
+        "rescue step has not retried or ended them yet.",
+        "1 late schedule: ops.late.",
+        "Queue reports is paused: workers claim none of its jobs.",
+    ]
+
+
+def test_a_queue_with_only_finished_jobs_is_listed_beside_its_pickup_latency(login: Any) -> None:
+    job = JobFactory(queue="reports", succeeded=True, run_at=timezone.now() - timedelta(seconds=3))
+    AttemptFactory(job=job, number=1, claimed_at=timezone.now() - timedelta(seconds=2))
+    response = login("view_job").get(reverse("admin:pgjobs_job_dashboard"))
+    assert [p.key for p in response.context["snapshot"].pickup_latency_seconds] == ["reports"]
+    rows = {r.queue: r for r in response.context["queue_rows"]}
+    assert [c.count for c in rows["reports"].cells] == [0, 0, 0, 0, 0]
+    assert (rows["reports"].policy, rows["reports"].paused) == ("none", False)
+    with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"*": 90}):
+        rows = {r.queue: r for r in login("view_job", username="op2").get(
+            reverse("admin:pgjobs_job_dashboard")).context["queue_rows"]}
+    assert rows["reports"].policy == "1m 30s"
+
+
+# --- wording ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("made", "said"), [
+    ({"ready": 2}, "Cancelled 2 jobs."),
+    ({"running": 1}, "Asked 1 job (running) to stop."),
+    ({"ready": 1, "running": 2}, "Cancelled 1 job; asked 2 jobs (running) to stop."),
+])
+def test_the_cancel_message_names_only_what_happened(
+    login: Any, made: dict[str, int], said: str
+) -> None:
+    client = login("view_job", "cancel_job")
+    jobs = [JobFactory() for _ in range(made.get("ready", 0))] + [
+        JobFactory(running=True) for _ in range(made.get("running", 0))]
+    response = client.post(CHANGELIST, {
+        "action": "cancel_selected", "_selected_action": jobs[0].pk, "pgjobs_confirm": "yes",
+        "pgjobs_ids": ",".join(str(j.pk) for j in jobs), "reason": ""}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == [said]
+
+
+def test_the_pages_say_things_the_way_operators_read_them(login: Any) -> None:
+    j = JobFactory(task="tests.admin.charge", payload=secret_payload())
+    AttemptFactory(job=j, number=1, failure_class="lease_expired", outcome="lease_expired",
+                   claimed_at=timezone.now())
+    client = login(superuser=True)
+    client.post(f"{CHANGELIST}{j.pk}/raw-payload/")
+    audit = OperatorAction.objects.get()
+    audit_page = client.get(f"/admin/pgjobs/operatoraction/{audit.pk}/change/").content.decode()
+    assert "<title>view raw payload by op | View operator action" in audit_page
+    assert "view_raw_payload" not in audit_page.split("<body")[0]
+    # The breadcrumb names the app, then the list: not "Jobs > Jobs".
+    listing = client.get(CHANGELIST).content.decode()
+    assert '<a href="/admin/pgjobs/">Job queue</a>\n&rsaquo; Jobs' in listing
+    # No link to Django's change history, which is always empty here; its URL shows the record.
+    page = client.get(f"{CHANGELIST}{j.pk}/change/").content.decode()
+    assert "historylink" not in page and "pgjobs-raw-payload-link" in page
+    history = client.get(f"{CHANGELIST}{j.pk}/history/")
+    assert (history.status_code, history["Location"]) == (302, f"{CHANGELIST}{j.pk}/change/")
+    # Failure classes by their label on the dashboard too.
+    dashboard = client.get(reverse("admin:pgjobs_job_dashboard"))
+    assert dashboard.context["failure_totals"] == [("lease expired", 1)]
+    assert "lease_expired" not in dashboard.content.decode()
+
+
+def test_every_confirmation_has_the_same_buttons(login: Any) -> None:
+    j = JobFactory(dead=True)
+    client = login(superuser=True)
+    pages = [
+        start_action(client, "retry_selected", [j]).content.decode(),
+        client.post("/admin/pgjobs/queuestate/", {"action": "pause", "queue": "mail"}
+                    ).content.decode(),
+        client.get(f"{CHANGELIST}{j.pk}/raw-payload/").content.decode(),
+    ]
+    for page, yes in zip(pages, ("Yes, retry jobs", "Yes, pause queue mail",
+                                 "Yes, show the raw payload"), strict=True):
+        row = page[page.index('<div class="submit-row">'):]
+        row = row[:row.index("</div>")]
+        assert f'value="{yes}"' in row, row
+        assert 'class="button cancel-link">No, take me back</a>' in row, row

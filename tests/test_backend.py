@@ -659,8 +659,9 @@ def rate_limited() -> None:
 @pytestmark_worker
 def test_djangos_task_finished_log_carries_the_error_scrubbed(caplog) -> None:
     caplog.set_level("ERROR")
-    fail.enqueue("login refused for password=hunter22")
-    Worker(burst=True, install_signals=False, poll_interval=0.05, max_jobs=1).run()
+    with override_settings(TASKS=tasks_with(max_attempts=1)):
+        fail.enqueue("login refused for password=hunter22")
+        Worker(burst=True, install_signals=False, poll_interval=0.05, max_jobs=1).run()
     records = [r for r in caplog.records if r.name in ("django.tasks", "django_tasks")]
     assert records and records[-1].exc_info is not None
     # Django's receiver logs the exception being handled: the scrubbed summary, not the task's
@@ -668,6 +669,66 @@ def test_djangos_task_finished_log_carries_the_error_scrubbed(caplog) -> None:
     assert records[-1].exc_info[0] is TaskFailed
     assert str(records[-1].exc_info[1]) == "ValueError: login refused for password=[redacted]"
     assert "hunter22" not in caplog.text
+
+
+@pytest.mark.django_db
+def test_task_finished_is_sent_once_when_the_job_is_dead_and_a_retry_is_a_warning(caplog) -> None:
+    caplog.set_level("INFO")
+    finished: list[Any] = []
+
+    def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
+        finished.append((task_result.status, len(task_result.errors)))
+
+    task_finished.connect(receiver)
+    try:
+        with override_settings(TASKS=tasks_with(max_attempts=2)):
+            result = fail.enqueue("token=s3cret refused")
+            [first] = drain()
+            after_first = fail.get_result(result.id)
+            seen_after_first = list(finished)
+            [second] = drain(now=timezone.now() + LATER)
+    finally:
+        task_finished.disconnect(receiver)
+    assert (first.status, after_first.status) == (JobStatus.RETRYING, TaskResultStatus.READY)
+    # The retried attempt is not finished: no signal, no ERROR from Django's receiver.
+    assert seen_after_first == []
+    assert second.status == JobStatus.DEAD
+    assert finished == [(TaskResultStatus.FAILED, 2)]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "django_pgjobs.backend" and r.levelname == "WARNING"]
+    [warning] = warnings
+    assert warning.startswith(f"task {fail.name} (result {result.id}) failed attempt 1 of 2 "
+                              "and will run again at about ")
+    assert warning.endswith(": ValueError: token=[redacted] refused")
+    assert "s3cret" not in caplog.text
+    django_errors = [r for r in caplog.records
+                     if r.name in ("django.tasks", "django_tasks") and r.levelname == "ERROR"]
+    assert len(django_errors) == 1
+
+
+@task()
+def snoozing() -> None:
+    raise django_pgjobs.Snooze(60)
+
+
+@pytest.mark.django_db
+def test_a_snoozing_task_is_neither_finished_nor_a_failure(caplog) -> None:
+    caplog.set_level("INFO")
+    finished: list[Any] = []
+
+    def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
+        finished.append(task_result.status)
+
+    task_finished.connect(receiver)
+    try:
+        result = snoozing.enqueue()
+        [run] = drain()
+    finally:
+        task_finished.disconnect(receiver)
+    assert (run.outcome, run.status) == (AttemptOutcome.SNOOZED, JobStatus.SCHEDULED)
+    assert snoozing.get_result(result.id).status == TaskResultStatus.READY
+    assert finished == []
+    assert [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []
 
 
 @task()

@@ -8,9 +8,9 @@ only), ``display`` and ``filters`` the pieces they show, ``dashboard`` the opera
 """
 
 from . import jobs, queues, records, schedules
-from .display import EstimatedCountPaginator, duration_text, planner_rows
+from .display import EstimatedCountPaginator, duration_text, planner_rows, time_text
 
 __all__ = [
     "EstimatedCountPaginator", "duration_text", "jobs", "planner_rows", "queues", "records",
-    "schedules",
+    "schedules", "time_text",
 ]

@@ -211,7 +211,9 @@ def apply_retry(ids: list[int], data: dict[str, Any], actor: transitions.Actor) 
 
 def apply_cancel(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
     cancelled, asked = transitions.cancel_jobs(ids, actor=actor, reason=_reason(data))
-    return f"Cancelled {jobs_text(cancelled)}; asked {jobs_text(asked)} (running) to stop."
+    said = [text for n, text in ((cancelled, f"Cancelled {jobs_text(cancelled)}"),
+                                 (asked, f"asked {jobs_text(asked)} (running) to stop")) if n]
+    return "; ".join(said).capitalize() + "." if said else "No job was cancelled."
 
 
 def apply_dead_letter(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:

@@ -17,8 +17,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .. import stats
-from ..status import JobStatus
-from .display import duration_text
+from ..status import FailureClass, JobStatus
+from .display import duration_text, jobs_text, time_text
 
 CHART_WIDTH = 720
 CHART_HEIGHT = 200
@@ -43,10 +43,65 @@ class QueueRow:
     paused: bool = False
 
 
+def _over_policy(snap: stats.Snapshot) -> list[str]:
+    return [
+        f"Queue {q.queue}: the oldest ready job has waited "
+        f"{duration_text(q.oldest_ready_age_seconds or 0)}, over its backlog policy of "
+        f"{duration_text(q.backlog_max_age_seconds or 0)}."
+        for q in snap.queues if not q.healthy
+    ]
+
+
+def _paused(snap: stats.Snapshot) -> list[str]:
+    return [f"Queue {q.queue} is paused: workers claim none of its jobs."
+            for q in snap.queues if q.paused]
+
+
+def _expired_leases(snap: stats.Snapshot) -> list[str]:
+    n = snap.leases.expired
+    if not n:
+        return []
+    return [f"{jobs_text(n)} still running with an expired lease: the worker is gone or stalled, "
+            "and the rescue step has not retried or ended them yet."]
+
+
+def _late_schedules(snap: stats.Snapshot) -> list[str]:
+    late = snap.schedules.late
+    if not late:
+        return []
+    names = ", ".join(s.name for s in late)
+    return [f"{len(late)} late schedule{'s' if len(late) != 1 else ''}: {names}."]
+
+
+# Each check of the health line, in the order the line says them.
+HEALTH_CHECKS = (_over_policy, _expired_leases, _late_schedules, _paused)
+
+
+def health(snap: stats.Snapshot) -> tuple[list[str], str]:
+    """What is wrong, one sentence each (empty when nothing is), and what was checked."""
+    problems = [text for check in HEALTH_CHECKS for text in check(snap)]
+    policies = [q.queue for q in snap.queues if q.backlog_max_age_seconds is not None]
+    backlog = ("every queue with a backlog policy is within it" if policies
+               else "no backlog policy is set (PGJOBS_BACKLOG_MAX_AGE_SECONDS), so backlog age "
+               "is not checked")
+    checked = (f"No expired leases, no late schedules, no paused queue; {backlog}."
+               if not problems else "")
+    return problems, checked
+
+
 def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """The template context of the dashboard page."""
     snap = stats.snapshot(using=using)
     changelist = reverse("admin:pgjobs_job_changelist")
+    listed = {q.queue for q in snap.queues}
+    policy = stats.backlog_policy()
+    # A queue whose jobs have all finished has nothing to count, yet it is named under pickup
+    # latency: list it with zeros rather than leave it out.
+    queues = sorted([*snap.queues, *(
+        stats.QueueStats(queue=name, backlog_max_age_seconds=stats.backlog_max_age(name, policy))
+        for name in {p.key for p in snap.pickup_latency_seconds} - listed)],
+        key=lambda q: q.queue)
+    problems, checked = health(snap)
     rows = [
         QueueRow(
             queue=q.queue,
@@ -60,16 +115,18 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
             healthy=q.healthy,
             paused=q.paused,
         )
-        for q in snap.queues
+        for q in queues
     ]
     total_attempts = sum(b.count for b in snap.attempts) or 1
     schedules = reverse("admin:pgjobs_schedule_changelist")
     return {
         "snapshot": snap,
+        "problems": problems,
+        "checked": checked,
         "schedules_url": schedules,
         "late_schedules": [
             (s.name, f"{schedules}?{urlencode({'q': s.name})}", s.task,
-             f"{s.due_at:%Y-%m-%d %H:%M:%S} UTC", duration_text(s.late_seconds),
+             time_text(s.due_at), duration_text(s.late_seconds),
              "not enqueued yet" if s.pending else "enqueued late")
             for s in snap.schedules.late
         ],
@@ -78,13 +135,22 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
         "attempt_rows": [
             (b.number, b.count, round(100 * b.count / total_attempts)) for b in snap.attempts
         ],
-        "failure_totals": sorted(snap.failures_by_class().items(), key=lambda kv: -kv[1]),
+        "failure_totals": [(class_label(c), n) for c, n in sorted(
+            snap.failures_by_class().items(), key=lambda kv: -kv[1])],
+        "failures_by_task": [(class_label(f.failure_class), f.task, f.count)
+                             for f in snap.failures],
         "throughput_svg": throughput_svg(snap.throughput),
         "throughput_total": sum(p.succeeded + p.dead for p in snap.throughput),
         "recent_hours": round(snap.windows.get("recent_seconds", 0) / 3600),
         "latency_minutes": round(snap.windows.get("latency_window_seconds", 0) / 60),
         "queues_url": reverse("admin:pgjobs_queuestate_changelist"),
     }
+
+
+def class_label(failure_class: str) -> str:
+    """A failure class as the lists and the job page say it (``lease expired``)."""
+    return str(FailureClass(failure_class).label) if failure_class in FailureClass.values \
+        else failure_class
 
 
 def _filter(queue: str, status: str) -> str:
@@ -129,4 +195,4 @@ def throughput_svg(points: Sequence[stats.ThroughputPoint]) -> SafeString:
     )
 
 
-__all__ = ["dashboard_context", "throughput_svg"]
+__all__ = ["dashboard_context", "health", "throughput_svg"]

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db import connection
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from .. import sql
 from ..conf import settings
 from ..registry import registry
-from ..transitions import ready_queues
 from .display import searchable
 
 
@@ -43,10 +44,13 @@ class QueueFilter(KnownNamesFilter):
     parameter_name = "queue"
 
     def known_names(self) -> set[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.query("filter_queues"))
+            names = {row[0] for row in cursor.fetchall()}
         if settings.QUEUES is not None:
-            return set(settings.QUEUES)
-        names = {settings.QUEUE, *ready_queues()}
-        return names | {h.queue for h in map(registry.get, registry.names()) if h and h.queue}
+            return names | set(settings.QUEUES)
+        return names | {settings.QUEUE} | {
+            h.queue for h in map(registry.get, registry.names()) if h and h.queue}
 
 
 class TaskFilter(KnownNamesFilter):
@@ -55,3 +59,4 @@ class TaskFilter(KnownNamesFilter):
 
     def known_names(self) -> set[str]:
         return set(registry.names())
+

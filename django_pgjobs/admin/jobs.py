@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.auth.models import Permission
 from django.core.exceptions import PermissionDenied
 from django.db import connections
 from django.db.models import Q, QuerySet
@@ -29,7 +30,7 @@ from .. import sql, transitions
 from ..models import Attempt, Job, OperatorAction
 from ..registry import redactor_for
 from .actions import ACTION_MAX_JOBS, ACTIONS, Action, status_counts
-from .base import AttemptColumns, NoWrites, ReadOnlyAdmin
+from .base import AttemptColumns, NoWrites, ReadOnlyAdmin, TimeColumns
 from .dashboard import dashboard_context
 from .display import (
     duration_text,
@@ -38,12 +39,18 @@ from .display import (
     pretty,
     preview,
     searchable,
+    time_text,
 )
 from .filters import QueueFilter, TaskFilter
 
 
 def _actor(request: HttpRequest) -> transitions.Actor:
     return transitions.Actor.of(request.user)
+
+
+def operator_actions_of(job_id: int, limit: int = 20) -> QuerySet[OperatorAction]:
+    """The latest operator actions that selected the job, through the index on ``job_ids``."""
+    return OperatorAction.objects.filter(job_ids__contains=[job_id]).order_by("-id")[:limit]
 
 
 def operator_action(action: Action) -> Any:
@@ -56,15 +63,15 @@ def operator_action(action: Action) -> Any:
     return admin.action(permissions=[action.permission], description=action.description)(run)
 
 
-class AttemptInline(NoWrites, AttemptColumns, admin.TabularInline):
+class AttemptInline(NoWrites, AttemptColumns, TimeColumns, admin.TabularInline):
     model = Attempt
     fk_name = "job"
     extra = 0
     max_num = 0
     can_delete = False
     ordering = ("number",)
-    fields = ("number", "worker_id", "outcome", "failure_class", "duration", "claimed_at",
-              "finished_at", "error_shown")
+    fields = ("number", "worker_id", "outcome", "failure_class", "duration", "claimed_at_shown",
+              "finished_at_shown", "error_shown")
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Attempt]:
@@ -75,31 +82,39 @@ class AttemptInline(NoWrites, AttemptColumns, admin.TabularInline):
         return request.user.has_perm("pgjobs.view_job")
 
 
+TIME_FIELDS = ("run_at_shown", "deadline_shown", "created_at_shown", "started_at_shown",
+               "finished_at_shown", "updated_at_shown", "claimed_at_shown",
+               "lease_expires_at_shown", "heartbeat_at_shown", "scheduled_at_shown")
+
+
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
+class JobAdmin(TimeColumns, ReadOnlyAdmin):
     list_display = ("id", "task", "queue", "status", "attempts_used", "age", "lease",
                     "failure_class", "payload_preview")
     list_filter = ("status", QueueFilter, TaskFilter, "failure_class")
     search_fields = ("=id", "=idempotency_key", "=trace_id")
     search_help_text = "Exact job id, idempotency key or trace id."
     ordering = ("-id",)
+    change_form_template = "admin/pgjobs/job/change_form.html"
     inlines = [AttemptInline]
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
     readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",
-                       "schedule_link")
+                       "schedule_link", *TIME_FIELDS)
     fieldsets = (
         (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "failure_class",
                            "priority", "base_priority")}),
         ("Payload (redacted)", {"fields": ("payload_shown", "payload_version", "result_shown")}),
         ("Last error (redacted)", {"fields": ("error_shown",)}),
-        ("Attempts and times", {"fields": ("attempts", "max_attempts", "snoozes", "run_at",
-                                           "deadline", "created_at", "started_at", "finished_at",
-                                           "updated_at")}),
+        ("Attempts and times", {"fields": ("attempts", "max_attempts", "snoozes", "run_at_shown",
+                                           "deadline_shown", "created_at_shown",
+                                           "started_at_shown", "finished_at_shown",
+                                           "updated_at_shown")}),
         # A running attempt's record until it ends (the inline lists the attempts that ended).
-        ("Lease", {"fields": ("lease_owner", "lease_token", "claimed_at", "lease_seconds",
-                              "lease_expires_at", "heartbeat_at", "cancel_requested_at")}),
+        ("Lease", {"fields": ("lease_owner", "lease_token", "claimed_at_shown", "lease_seconds",
+                              "lease_expires_at_shown", "heartbeat_at_shown",
+                              "cancel_requested_at")}),
         ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
-                                 "scheduled_at")}),
+                                 "scheduled_at_shown")}),
         ("Operator actions", {"fields": ("operator_history",)}),
     )
 
@@ -124,15 +139,15 @@ class JobAdmin(ReadOnlyAdmin):
 
     # --- list ---
 
-    @admin.display(description="attempts", ordering="attempts")
+    @admin.display(description="attempts")
     def attempts_used(self, job: Job) -> str:
         return f"{job.attempts}/{job.max_attempts}"
 
-    @admin.display(description="age", ordering="created_at")
+    @admin.display(description="age")
     def age(self, job: Job) -> str:
         return duration_text((timezone.now() - job.created_at).total_seconds())
 
-    @admin.display(description="lease expiry", ordering="lease_expires_at")
+    @admin.display(description="lease expiry")
     def lease(self, job: Job) -> str:
         if job.lease_expires_at is None:
             return "-"
@@ -195,9 +210,9 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.display(description="history")
     def operator_history(self, job: Job) -> str:
-        actions = OperatorAction.objects.filter(job_ids__contains=[job.pk]).order_by("-id")[:20]
+        actions = operator_actions_of(job.pk)
         rows = [
-            (a.created_at.strftime("%Y-%m-%d %H:%M:%S"), a.get_action_display(),
+            (time_text(a.created_at), a.get_action_display(),
              a.actor_name or "(code)", a.reason or "")
             for a in actions
         ]
@@ -231,8 +246,12 @@ class JobAdmin(ReadOnlyAdmin):
         A GET (or HEAD) only asks; the payload is shown on the POST that answers, under the
         CSRF check, so a link from elsewhere or a prefetch cannot write audit rows.
         """
-        if not self.has_raw_payload_permission(request):
+        if not self.has_view_permission(request):
             raise PermissionDenied
+        if not self.has_raw_payload_permission(request):
+            return self.permission_needed(
+                request, "pgjobs.view_raw_payload", "Showing a job's raw payload",
+                back_url=reverse("admin:pgjobs_job_change", args=[object_id]))
         if request.method not in ("GET", "HEAD", "POST"):
             return HttpResponseNotAllowed(["GET", "POST"])
         job = self.get_object(request, object_id)
@@ -248,6 +267,21 @@ class JobAdmin(ReadOnlyAdmin):
             context["result"] = None if job.result is None else pretty(job.result)
         return TemplateResponse(request, "admin/pgjobs/job/raw_payload.html", context)
 
+    def permission_needed(
+        self, request: HttpRequest, permission: str, what: str, back_url: str = ""
+    ) -> HttpResponse:
+        """A 403 in the admin's own page that names the permission the user lacks."""
+        app_label, codename = permission.split(".", 1)
+        found = Permission.objects.filter(content_type__app_label=app_label,
+                                          codename=codename).first()
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts,
+            "title": "Permission needed", "what": what, "permission": permission,
+            "permission_name": found.name if found else codename, "back_url": back_url,
+        }
+        return TemplateResponse(request, "admin/pgjobs/permission_needed.html", context,
+                                status=403)
+
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         """The operations dashboard."""
         if not self.has_view_permission(request):
@@ -255,6 +289,7 @@ class JobAdmin(ReadOnlyAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.opts,
             "title": "Job queue dashboard", **dashboard_context(),
+            "can_pause": request.user.has_perm("pgjobs.pause_queue"),
         }
         return TemplateResponse(request, "admin/pgjobs/job/dashboard.html", context)
 

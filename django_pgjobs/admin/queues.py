@@ -18,14 +18,13 @@ from .. import stats, transitions
 from ..models import QueueState
 from ..validation import queue_problem
 from .base import ReadOnlyAdmin
-from .display import duration_text
+from .display import duration_text, time_text
 
 ACTIONS = {
     "pause": ("Pause queue {queue}", "Workers will stop claiming from {queue} within a second; "
-              "its running jobs finish, and enqueue goes on.", "Pause it",
-              transitions.pause_queue),
+              "its running jobs finish, and enqueue goes on.", transitions.pause_queue),
     "resume": ("Resume queue {queue}", "Workers will claim from {queue} again at once.",
-               "Resume it", transitions.resume_queue),
+               transitions.resume_queue),
 }
 
 
@@ -51,16 +50,16 @@ class QueueStateAdmin(ReadOnlyAdmin):
             action, queue = request.POST.get("action", ""), request.POST.get("queue", "")
             if action not in ACTIONS or queue_problem(queue) is not None:
                 raise PermissionDenied("unknown action or queue")
-            title, text, button, transition = ACTIONS[action]
+            title, text, transition = ACTIONS[action]
             if request.POST.get("pgjobs_confirm") != "yes":
                 context["confirm"] = {
                     "title": title.format(queue=queue), "text": text.format(queue=queue),
-                    "button": button, "action": action, "queue": queue,
+                    "action": action, "queue": queue,
                 }
                 return TemplateResponse(request, "admin/pgjobs/queuestate/queues.html", context)
             reason = request.POST.get("reason", "")[:1000].strip()
             changed = transition(queue, actor=transitions.Actor.of(request.user), reason=reason)
-            state = "paused" if action == "pause" else "running"
+            state = "paused" if action == "pause" else "active"
             self.message_user(request, f"Queue {queue}: {state}"
                               + ("." if changed else " (it already was)."), messages.SUCCESS)
             return HttpResponseRedirect(reverse("admin:pgjobs_queuestate_changelist"))
@@ -80,7 +79,7 @@ def queue_rows() -> list[dict[str, Any]]:
             "queue": name, "paused": bool(state and state.paused),
             "ready": q.ready if q else 0, "running": q.running if q else 0,
             "oldest_ready": "-" if age is None else duration_text(age),
-            "changed_at": state.changed_at if state else None,
+            "changed_at": time_text(state.changed_at if state else None),
             "changed_by": state.changed_by if state else "",
             "reason": state.reason if state else "",
         })

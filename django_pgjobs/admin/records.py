@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -10,22 +13,40 @@ from django.utils.html import format_html
 
 from ..models import Attempt, IdempotencyReceipt, OperatorAction
 from ..registry import redactor_for
-from .base import AttemptColumns, ReadOnlyAdmin
+from ..status import AttemptOutcome
+from .base import AttemptColumns, ReadOnlyAdmin, TimeColumns
 from .display import exact_id, pretty, searchable
 
 
+class EndedOutcomeFilter(admin.ChoicesFieldListFilter):
+    """The outcomes an attempt row can have: not ``running``, which no row ever holds.
+
+    An attempt's row is written by the statement that ends it; a running attempt is the job's
+    lease (the job list's ``running`` status).
+    """
+
+    def choices(self, changelist: ChangeList) -> Any:
+        never = changelist.get_query_string(
+            {self.lookup_kwarg: AttemptOutcome.RUNNING}, [self.lookup_kwarg_isnull])
+        return (choice for choice in super().choices(changelist)
+                if choice["query_string"] != never)
+
+
 @admin.register(Attempt)
-class AttemptAdmin(AttemptColumns, ReadOnlyAdmin):
+class AttemptAdmin(AttemptColumns, TimeColumns, ReadOnlyAdmin):
     list_display = ("id", "job_link", "task", "number", "worker_id", "outcome", "failure_class",
-                    "duration", "claimed_at")
-    list_filter = ("outcome", "failure_class")
+                    "duration", "claimed_at_shown")
+    list_filter = (("outcome", EndedOutcomeFilter), "failure_class")
     list_select_related = ("job",)
+    sortable_by = ("id", "job_link", "claimed_at_shown")  # the indexed ones
     search_fields = ("=job__id",)
     search_help_text = "Exact job id."
     ordering = ("-id",)
-    fields = ("job_link", "number", "worker_id", "lease_token", "claimed_at", "finished_at",
-              "outcome", "reported_outcome", "failure_class", "duration", "error_shown")
-    readonly_fields = ("job_link", "duration", "error_shown")
+    fields = ("job_link", "number", "worker_id", "lease_token", "claimed_at_shown",
+              "finished_at_shown", "outcome", "reported_outcome", "failure_class", "duration",
+              "error_shown")
+    readonly_fields = ("job_link", "duration", "error_shown", "claimed_at_shown",
+                       "finished_at_shown")
 
     @admin.display(description="job", ordering="job_id")
     def job_link(self, attempt: Attempt) -> str:
@@ -49,13 +70,14 @@ class AttemptAdmin(AttemptColumns, ReadOnlyAdmin):
 
 
 @admin.register(IdempotencyReceipt)
-class IdempotencyReceiptAdmin(ReadOnlyAdmin):
-    list_display = ("id", "scope", "key", "job_id", "created_at", "expires_at")
+class IdempotencyReceiptAdmin(TimeColumns, ReadOnlyAdmin):
+    list_display = ("id", "scope", "key", "job_id", "created_at_shown", "expires_at_shown")
+    sortable_by = ("id", "expires_at_shown")  # the indexed ones
     search_fields = ("=scope", "=key")
     search_help_text = "Exact scope:key."
     ordering = ("-id",)
-    fields = ("scope", "key", "job_id", "result_shown", "created_at", "expires_at")
-    readonly_fields = ("job_id", "result_shown")
+    fields = ("scope", "key", "job_id", "result_shown", "created_at_shown", "expires_at_shown")
+    readonly_fields = ("job_id", "result_shown", "created_at_shown", "expires_at_shown")
 
     @admin.display(description="result (redacted)")
     def result_shown(self, receipt: IdempotencyReceipt) -> str:
@@ -75,13 +97,14 @@ class IdempotencyReceiptAdmin(ReadOnlyAdmin):
 
 
 @admin.register(OperatorAction)
-class OperatorActionAdmin(ReadOnlyAdmin):
-    list_display = ("id", "created_at", "actor_name", "action", "selected", "changed", "reason")
+class OperatorActionAdmin(TimeColumns, ReadOnlyAdmin):
+    list_display = ("id", "created_at_shown", "actor_name", "action", "selected", "changed",
+                    "reason")
     list_filter = ("action",)
     ordering = ("-id",)
-    fields = ("created_at", "actor_name", "action", "reason", "selected", "changed",
+    fields = ("created_at_shown", "actor_name", "action", "reason", "selected", "changed",
               "job_ids", "schedule_ids", "detail_shown")
-    readonly_fields = ("detail_shown",)
+    readonly_fields = ("detail_shown", "created_at_shown")
 
     @admin.display(description="what changed")
     def detail_shown(self, action: OperatorAction) -> str:

@@ -16,10 +16,11 @@ from django.utils import timezone
 from django.utils.connection import ConnectionDoesNotExist
 
 from ..conf import settings
-from ..exceptions import EnqueueError
+from ..exceptions import EnqueueError, Snooze
 from ..redaction import Redactor
 from ..registry import Handler, redactor_for
-from ..retry import Verdict, backoff_replaceable, classify, with_verdict
+from ..retry import Decision, Verdict, backoff_replaceable, classify, decide, with_verdict
+from ..status import JobStatus
 from ..validation import DURATION_MAX_SECONDS, number_problem, shown
 from .compat import (
     BaseTaskBackend,
@@ -179,6 +180,8 @@ class _TaskRun:
         return list(running.args)
 
     def failed(self, running: TaskResult, exc: BaseException) -> None:
+        if isinstance(exc, Snooze):
+            return  # not a failure: the job waits and runs again, its attempt given back
         scrub = redactor_for(self.ctx.job.task)
         failed = replace(
             running, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
@@ -188,11 +191,23 @@ class _TaskRun:
             )],
         )
         summary = scrub.text(f"{type(exc).__qualname__}: {exc}", self.payload)
+        _apply_backoff(exc, failed, self.ctx, self.backend)
+        decision = _decision(exc, self.ctx)
+        if decision.status is JobStatus.RETRYING:
+            # Not finished: get_result() reads READY until the next attempt, so Django's
+            # task_finished (and its ERROR log) waits for the attempt that ends the job.
+            job = self.ctx.job
+            logger.warning(
+                "task %s (result %s) failed attempt %d of %d and will run again at about %s: %s",
+                failed.task.name, failed.id, job.attempt, job.max_attempts,
+                (job.database_now() + timedelta(seconds=decision.delay_seconds or 0.0)).isoformat(
+                    timespec="milliseconds"), summary,
+            )
+            return
         try:
             raise TaskFailed(summary) from None
         except TaskFailed:
             send_robust(task_finished, self.sender, failed)
-        _apply_backoff(exc, failed, self.ctx, self.backend)
 
     def finished(self, running: TaskResult, value: Any) -> Any:
         finished = replace(running, status=TaskResultStatus.SUCCESSFUL,
@@ -211,6 +226,24 @@ def _normalized(value: Any) -> Any:
         # backends record it. The task already ran; running it again would return the same.
         with_verdict(exc, Verdict(permanent=True))
         raise
+
+
+def _decision(exc: BaseException, ctx: JobContext) -> Decision:
+    """What the worker will do after this failure: retry (when) or end the job.
+
+    The worker decides again from the same exception once the task raised; the wait decided
+    here is attached to the exception when the policy's wait is the exponential one, so both
+    name the same next run. A task's handler has no retry_on or permanent_on of its own.
+    """
+    failure_class, hint = classify(exc)
+    job = ctx.job
+    decision = decide(failure_class, attempts=job.attempt, max_attempts=job.max_attempts,
+                      created_at=job.created_at, deadline=job.deadline, now=job.database_now(),
+                      hint_seconds=hint)
+    if (decision.status is JobStatus.RETRYING and decision.delay_seconds is not None
+            and hint is None and backoff_replaceable(failure_class)):
+        with_verdict(exc, Verdict(retry_in=decision.delay_seconds))
+    return decision
 
 
 def _apply_backoff(

@@ -129,8 +129,12 @@ def test_a_forged_action_post_is_refused(
         [str(failed.pk)],
     )
     assert statuses == [403, 403]
-    page.goto(f"{live_server.url}/admin/pgjobs/job/{failed.pk}/raw-payload/")
-    expect(page.locator("body")).to_contain_text("403")
+    refused = page.goto(f"{live_server.url}/admin/pgjobs/job/{failed.pk}/raw-payload/")
+    assert refused is not None and refused.status == 403
+    # The admin's own page, saying which permission is missing.
+    expect(page.locator("#site-name")).to_be_visible()
+    expect(page.locator("#pgjobs-permission-needed")).to_contain_text(
+        "pgjobs.view_raw_payload")
     screenshot("raw-payload-refused")
     assert Job.objects.get(pk=failed.pk).status == JobStatus.DEAD
     assert OperatorAction.objects.count() == 0
