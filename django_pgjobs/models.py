@@ -385,7 +385,7 @@ class QueueState(models.Model):
         permissions = [("pause_queue", "Can pause and resume queues")]
 
     def __str__(self) -> str:
-        return f"{self.name} ({'paused' if self.paused else 'running'})"
+        return f"{self.name} ({'paused' if self.paused else 'active'})"
 
 
 class OperatorActionKind(models.TextChoices):

@@ -459,8 +459,15 @@ def test_the_queue_command_pauses_resumes_and_lists() -> None:
     rows = {r["queue"]: r for r in json.loads(listing.getvalue())}
     assert rows["mail"]["paused"] is True and rows["mail"]["ready"] == 1
     assert rows["mail"]["reason"] == "maintenance"
-    call_command("pgjobs_queue", "resume", "mail", stdout=StringIO())
+    resumed = StringIO()
+    call_command("pgjobs_queue", "resume", "mail", stdout=resumed)
+    # A queue that is not paused is "active": "running" is a job's status.
+    assert resumed.getvalue() == "queue mail: active\n"
     assert QueueState.objects.get(name="mail").paused is False
+    assert str(QueueState.objects.get(name="mail")) == "mail (active)"
+    text = StringIO()
+    call_command("pgjobs_queue", "list", stdout=text)
+    assert text.getvalue().startswith("mail                     active  ready=1 running=0 ")
     audit = list(OperatorAction.objects.order_by("id").values_list("action", "actor_name"))
     assert audit == [("pause_queue", "manage.py pgjobs_queue"),
                      ("resume_queue", "manage.py pgjobs_queue")]

@@ -41,7 +41,7 @@ class Command(BaseCommand):
             transitions.resume_queue)
         changed = change(queue, actor=transitions.Actor("manage.py pgjobs_queue"),
                          reason=options["reason"], using=using)
-        state = "paused" if options["action"] == "pause" else "running"
+        state = "paused" if options["action"] == "pause" else "active"
         self.stdout.write(f"queue {queue}: {state}" + ("" if changed else " (it already was)"))
 
     def _list(self, using: str, *, as_json: bool) -> None:
@@ -70,7 +70,7 @@ class Command(BaseCommand):
             # sequence drive the terminal.
             changed_by, reason = escape_control(row["changed_by"]), escape_control(row["reason"])
             self.stdout.write(
-                f"{row['queue']:<24} {'PAUSED ' if row['paused'] else 'running'} "
+                f"{row['queue']:<24} {'PAUSED' if row['paused'] else 'active':<7} "
                 f"ready={row['ready']} running={row['running']} "
                 f"oldest_ready={'-' if age is None else f'{age:.1f}s'}"
                 + (f"  (since {row['changed_at']} by {changed_by or '-'}"
