@@ -265,20 +265,23 @@ def test_jobs_batched_behind_a_timed_out_thread_go_back_at_once(start_worker) ->
 
 @pytest.mark.slow
 @transactional
-def test_what_a_handler_reports_after_its_timeout_is_recorded_lost(start_worker) -> None:
+def test_what_a_handler_reports_after_its_timeout_is_kept_beside_the_timeout(
+        start_worker) -> None:
     job = django_pgjobs.enqueue("chaos.late_after_timeout", {})
     worker = start_worker("--poll-interval", "0.1")
     wait_for(lambda: Effect.objects.filter(key__startswith="saw_timeout:").exists(), 60)
-    wait_for(lambda: Attempt.objects.filter(job_id=job.pk, outcome=AttemptOutcome.LOST).exists(),
-             30)
+    wait_for(lambda: Attempt.objects.filter(
+        job_id=job.pk, reported_outcome=AttemptOutcome.SUCCEEDED).exists(), 30)
     worker.signal(signal.SIGTERM)
     assert worker.wait(60) == 0, worker.output()
     stored = Job.objects.get(pk=job.pk)
     assert (stored.status, stored.failure_class, stored.result) == (
         JobStatus.DEAD, FailureClass.TIMEOUT, None)
+    # The attempt's history is the timeout; the handler's late success is recorded beside it.
     attempt = Attempt.objects.get(job_id=job.pk)
-    assert (attempt.outcome, attempt.reported_outcome) == (
-        AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED)
+    assert (attempt.outcome, attempt.reported_outcome, attempt.failure_class) == (
+        AttemptOutcome.TIMED_OUT, AttemptOutcome.SUCCEEDED, FailureClass.TIMEOUT)
+    assert attempt.error.startswith("timed out: still running after")
 
 
 @django_pgjobs.job("tests.lifecycle.heartbeats_past_timeout", lease=timedelta(seconds=30),
