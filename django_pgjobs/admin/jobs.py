@@ -26,8 +26,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from .. import sql, transitions
-from ..models import Attempt, Job, OperatorAction
+from ..models import Attempt, Job, OperatorAction, OperatorActionKind
 from ..registry import redactor_for
+from ..status import JobStatus, TerminalReason
 from .actions import ACTION_MAX_JOBS, ACTIONS, Action, status_counts
 from .base import AttemptColumns, NoWrites, ReadOnlyAdmin
 from .dashboard import dashboard_context
@@ -75,6 +76,13 @@ class AttemptInline(NoWrites, AttemptColumns, admin.TabularInline):
         return request.user.has_perm("pgjobs.view_job")
 
 
+# How a job that ended before an operator's cancel reached it had ended, in the page's words.
+_ENDED_BEFORE_THE_CANCEL: dict[str, str] = {
+    JobStatus.SUCCEEDED: "succeeded", JobStatus.DEAD: "ended dead",
+    JobStatus.CANCELLED: "been cancelled",
+}
+
+
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
     list_display = ("id", "task", "queue", "status", "attempts_used", "age", "lease",
@@ -86,10 +94,10 @@ class JobAdmin(ReadOnlyAdmin):
     inlines = [AttemptInline]
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
     readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",
-                       "schedule_link")
+                       "schedule_link", "cancel_shown")
     fieldsets = (
-        (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "failure_class",
-                           "priority", "base_priority")}),
+        (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "cancel_shown",
+                           "failure_class", "priority", "base_priority")}),
         ("Payload (redacted)", {"fields": ("payload_shown", "payload_version", "result_shown")}),
         ("Last error (redacted)", {"fields": ("error_shown",)}),
         ("Attempts and times", {"fields": ("attempts", "max_attempts", "snoozes", "run_at",
@@ -185,6 +193,27 @@ class JobAdmin(ReadOnlyAdmin):
     def error_shown(self, job: Job) -> str:
         text = redactor_for(job.task).text(job.last_error, job.payload)
         return format_html("<pre>{}</pre>", text) if text else "-"
+
+    @admin.display(description="cancel")
+    def cancel_shown(self, job: Job) -> str:
+        """Who cancelled the job, when and why; or that the cancel came too late for it."""
+        cancel = OperatorAction.objects.filter(
+            job_ids__contains=[job.pk], action=OperatorActionKind.CANCEL).order_by("-id").first()
+        if cancel is None:
+            return "-"
+        asked = (f"by {cancel.actor_name or '(code)'} at {cancel.created_at:%Y-%m-%d %H:%M:%S}"
+                 + (f": {cancel.reason}" if cancel.reason else ""))
+        too_late = str(job.pk) in cancel.detail.get("too_late", {}) or (
+            job.cancel_requested_at is not None
+            and job.status in (JobStatus.SUCCEEDED, JobStatus.DEAD))
+        if too_late:
+            return (f"Cancel {asked} came too late: the job had already "
+                    f"{_ENDED_BEFORE_THE_CANCEL.get(job.status, job.status)}")
+        if job.status == JobStatus.CANCELLED and job.terminal_reason == TerminalReason.OPERATOR:
+            return f"Cancelled {asked}"
+        if job.status == JobStatus.RUNNING and job.cancel_requested_at is not None:
+            return f"Cancel asked {asked}; its worker is ending it"
+        return "-"
 
     @admin.display(description="schedule")
     def schedule_link(self, job: Job) -> str:
