@@ -91,7 +91,7 @@ WITH reported AS (
         updated_at = statement_timestamp()
     FROM reported AS r
     WHERE j.id = r.job_id AND j.lease_token = r.lease_token AND j.status = 'running'
-    RETURNING r.lease_token, j.status, j.claimed_at
+    RETURNING r.lease_token, j.status, j.claimed_at, j.finished_at
 ), written AS (
     -- Each attempt's row is written here, once, now that its outcome is known. Matched on the
     -- token, not the job: one batch can hold a stale report and the winning report for the
@@ -101,7 +101,8 @@ WITH reported AS (
                                      traceback, duration_ms)
     SELECT r.job_id, r.attempt, r.worker_id, r.lease_token,
            COALESCE(s.claimed_at, statement_timestamp()),
-           GREATEST(clock_timestamp(), s.claimed_at),
+           -- The job's own finished_at when this attempt ended it: one time for one event.
+           COALESCE(s.finished_at, GREATEST(clock_timestamp(), s.claimed_at)),
            CASE WHEN s.lease_token IS NULL THEN 'lost'
                 -- A pending cancel ended the job: the attempt says so, and reported_outcome
                 -- keeps what the handler said.
