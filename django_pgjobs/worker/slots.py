@@ -27,7 +27,7 @@ from ..outcomes import Outcome
 from ..registry import Handler, registry
 from ..transitions import cancel_requested
 from .aio import AsyncRunner
-from .connections import database_reachable
+from .connections import database_reachable, reset_connection
 from .isolation import ChildProcess
 from .running import RunningJob, RunningJobs
 from .settler import Settler
@@ -94,6 +94,7 @@ class BatchRunner:
         try:
             asked = set(cancel_requested(ids, using=self.using))
         except DatabaseError:
+            reset_connection(self.using)  # the next claim reconnects
             return None
         slot.cancels_known_at = time.monotonic()
         if not asked:
