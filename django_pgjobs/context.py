@@ -11,6 +11,8 @@ from asgiref.sync import sync_to_async
 from . import receipts
 from .claimed import ClaimedJob
 from .exceptions import Cancelled, LeaseLost, TimedOut
+from .outcomes import Outcome
+from .status import AttemptOutcome
 from .transitions import extend_leases
 
 logger = logging.getLogger("django_pgjobs.handler")
@@ -63,7 +65,11 @@ class JobContext:
 
     @property
     def cancelled(self) -> bool:
-        """True once an operator cancelled this running job: stop; the job is already cancelled."""
+        """True once an operator cancelled this running job: stop; the job ends cancelled.
+
+        Whatever the handler returns or raises after this, its job ends ``cancelled``
+        (``settlement``): the worker settles it so, now or when the handler stops.
+        """
         return self._cancelled
 
     # The name of 0.1, when a cancel was only a request: kept for handlers that check it.
@@ -118,6 +124,18 @@ class JobContext:
         self.job.lease_renewed()
         if cancel_requested:
             self._cancelled = True
+
+    def settlement(self, reported: Outcome) -> Outcome:
+        """What to settle for the handler's ``reported`` outcome.
+
+        A handler told of a cancel (``cancelled``) may stop and return, or raise: either way its
+        job ends cancelled, as it was told. Otherwise what it reported.
+        """
+        if not self._cancelled or reported.attempt_outcome == AttemptOutcome.CANCELLED:
+            return reported
+        return Outcome.cancelled(
+            self.job, f"cancelled by an operator while it ran; the handler was told and then "
+                      f"reported {reported.attempt_outcome.value}")
 
     def receipt(
         self, scope: str, *, key: str, retention_seconds: float | None = None

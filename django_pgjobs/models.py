@@ -313,7 +313,9 @@ class Attempt(models.Model):
     outcome = models.CharField(
         max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING
     )
-    # What the worker reported; differs from outcome only when the report came too late (LOST).
+    # What the worker reported. It differs from outcome when a pending cancel ended the job, and
+    # when the report came too late: recorded LOST, or, on an attempt the rescue step or the
+    # worker had already ended (lease expired, timed out, cancelled), beside that outcome.
     reported_outcome = models.CharField(
         max_length=16, choices=AttemptOutcome.choices, blank=True, default=""
     )

@@ -448,7 +448,12 @@ def cancel_jobs(
     job_ids: Iterable[int], *, actor: Actor = CODE, reason: str = "",
     using: str = DEFAULT_DB_ALIAS,
 ) -> tuple[int, int]:
-    """Cancel waiting jobs; ask running ones to stop. Return (cancelled, asked to stop)."""
+    """Cancel waiting jobs; ask running ones to stop. Return (cancelled, asked to stop).
+
+    A running job's worker settles it cancelled: before its handler starts, if it has not yet,
+    or while it runs (the lease contract's takeover). Its handler may still finish first: the
+    job then ends as the handler reported, and ``cancel_shown`` on its page says so.
+    """
     ids = _unique_ids(job_ids)
     jobs = Job.objects.using(using)
     with transaction.atomic(using=using):
@@ -468,9 +473,13 @@ def cancel_jobs(
         asked = jobs.filter(
             pk__in=asked_ids, status=JobStatus.RUNNING, cancel_requested_at__isnull=True
         ).update(cancel_requested_at=Now(), updated_at=Now())
+        # A job that had already ended when the cancel came stays as it ended: the audit says
+        # the cancel came too late for it, and how it had ended (the job page shows it).
+        too_late = {str(i): status for i, status in before.items()
+                    if status in TERMINAL_STATUSES}
         _audit(OperatorActionKind.CANCEL, actor, reason, ids, cancelled + asked,
-               {"before": _counts(before), "cancelled": waiting, "asked_to_stop": asked_ids},
-               using)
+               {"before": _counts(before), "cancelled": waiting, "asked_to_stop": asked_ids,
+                **({"too_late": too_late} if too_late else {})}, using)
     return cancelled, asked
 
 

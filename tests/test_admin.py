@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -21,11 +22,13 @@ from django_pgjobs.admin import (
     EstimatedCountPaginator,
     duration_text,
     planner_rows,
+    time_text,
 )
-from django_pgjobs.models import Job, OperatorAction, QueueState
+from django_pgjobs.models import Attempt, Job, OperatorAction, QueueState
+from django_pgjobs.outcomes import Outcome
 from django_pgjobs.redaction import REDACTED
-from django_pgjobs.status import JobStatus, TerminalReason
-from django_pgjobs.transitions import pause_queue
+from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
+from django_pgjobs.transitions import claim_jobs, pause_queue, settle
 from tests.factories import AttemptFactory, JobFactory, ReceiptFactory
 
 pytestmark = pytest.mark.django_db
@@ -208,7 +211,16 @@ def test_cancel_confirmation_separates_waiting_running_and_finished_jobs(login: 
     assert plan.changes[0] == (
         "3 jobs (1 scheduled, 1 ready, 1 retrying) will be cancelled now and will not run."
     )
-    assert plan.changes[1].startswith("1 job (running) will be asked to stop.")
+    # What will happen, as the lease contract has it: settled cancelled, not run to its end.
+    assert plan.changes[1] == (
+        "1 job (running) will be cancelled by their worker within about 0.5 s (a handler with "
+        "heartbeats may hear of it sooner): a job whose handler has not started never starts; "
+        "one that runs is settled cancelled and its handler stopped where it can be (an async "
+        "task is cancelled, a child process is killed) or told (ctx.cancelled; ctx.heartbeat() "
+        "raises Cancelled). What a handler reports after that is kept beside its attempt and "
+        "changes nothing: the job ends cancelled. A job whose handler finishes before its "
+        "worker settles the cancel ends as its handler reported; its page says the cancel came "
+        "too late.")
     assert plan.unchanged == [
         "1 job (running) was already asked to stop.",
         "1 job (1 succeeded) is finished and will not change.",
@@ -230,7 +242,44 @@ def test_cancel_cancels_waiting_jobs_and_asks_running_ones_to_stop(login: Any) -
     assert audit.detail == {
         "before": {"ready": 1, "scheduled": 1, "running": 1, "succeeded": 1},
         "cancelled": sorted([ready.pk, scheduled.pk]), "asked_to_stop": [running.pk],
+        "too_late": {str(done.pk): "succeeded"},
     }
+
+
+def test_a_cancelled_running_job_page_says_who_cancelled_it_when_and_why(login: Any) -> None:
+    client = login("view_job", "cancel_job", username="alice")
+    running = JobFactory()
+    [claimed] = claim_jobs("w1", running.queue, 1)
+    confirm_action(client, "cancel_selected", [running], reason="customer withdrew")
+    assert settle([Outcome.cancelled(claimed, "cancelled by an operator while it ran")]) == {
+        claimed.lease_token: True}
+    # The handler's own late report, a LeaseLost it raised, changes nothing of the record.
+    late = replace(Outcome.cancelled(claimed, "x"), attempt_outcome=AttemptOutcome.FAILED,
+                   status=JobStatus.RETRYING, failure_class="transient",
+                   error="Transient: lease lost; stopping")
+    assert settle([late]) == {claimed.lease_token: False}
+    audit = OperatorAction.objects.get()
+    html = client.get(f"{CHANGELIST}{running.pk}/change/").content.decode()
+    assert f"Cancelled by alice at {time_text(audit.created_at)}: customer withdrew" in html
+    assert "transient" not in html and "lease lost" not in html
+    attempt = Attempt.objects.get(job_id=running.pk)
+    assert (attempt.outcome, attempt.failure_class, attempt.error) == (
+        AttemptOutcome.CANCELLED, "", "cancelled by an operator while it ran")
+
+
+def test_a_cancel_that_came_after_the_job_succeeded_shows_it_came_too_late(login: Any) -> None:
+    client = login("view_job", "cancel_job", username="alice")
+    done, finishing = JobFactory(succeeded=True), JobFactory()
+    [claimed] = claim_jobs("w1", finishing.queue, 1)
+    confirm_action(client, "cancel_selected", [done, finishing], reason="oops")
+    # The handler's success lands after the cancel committed, before its worker acted on it.
+    assert settle([Outcome.succeeded(claimed, "null", 1)]) == {claimed.lease_token: True}
+    assert status(finishing) == JobStatus.SUCCEEDED
+    audit = OperatorAction.objects.get()
+    for ended in (done, finishing):
+        html = client.get(f"{CHANGELIST}{ended.pk}/change/").content.decode()
+        assert (f"Cancel by alice at {time_text(audit.created_at)}: oops came too late: "
+                "the job had already succeeded") in html
 
 
 # --- dead-letter --------------------------------------------------------------------------------

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connections
+from django.db import connection, connections
 from django.db.models.functions import Now
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 import django_pgjobs
 from django_pgjobs import Cancelled, LeaseLost, TimedOut
@@ -35,6 +37,10 @@ from django_pgjobs.transitions import (
     settle,
 )
 from django_pgjobs.worker import Worker
+from django_pgjobs.worker.aio import AsyncRunner
+from django_pgjobs.worker.running import RunningJobs
+from django_pgjobs.worker.settler import Settler, SettlerConfig
+from django_pgjobs.worker.slots import BatchRunner, Slot
 from testproject.chaos.models import Effect, Run
 from tests.conftest import wait_for
 
@@ -265,20 +271,23 @@ def test_jobs_batched_behind_a_timed_out_thread_go_back_at_once(start_worker) ->
 
 @pytest.mark.slow
 @transactional
-def test_what_a_handler_reports_after_its_timeout_is_recorded_lost(start_worker) -> None:
+def test_what_a_handler_reports_after_its_timeout_is_kept_beside_the_timeout(
+        start_worker) -> None:
     job = django_pgjobs.enqueue("chaos.late_after_timeout", {})
     worker = start_worker("--poll-interval", "0.1")
     wait_for(lambda: Effect.objects.filter(key__startswith="saw_timeout:").exists(), 60)
-    wait_for(lambda: Attempt.objects.filter(job_id=job.pk, outcome=AttemptOutcome.LOST).exists(),
-             30)
+    wait_for(lambda: Attempt.objects.filter(
+        job_id=job.pk, reported_outcome=AttemptOutcome.SUCCEEDED).exists(), 30)
     worker.signal(signal.SIGTERM)
     assert worker.wait(60) == 0, worker.output()
     stored = Job.objects.get(pk=job.pk)
     assert (stored.status, stored.failure_class, stored.result) == (
         JobStatus.DEAD, FailureClass.TIMEOUT, None)
+    # The attempt's history is the timeout; the handler's late success is recorded beside it.
     attempt = Attempt.objects.get(job_id=job.pk)
-    assert (attempt.outcome, attempt.reported_outcome) == (
-        AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED)
+    assert (attempt.outcome, attempt.reported_outcome, attempt.failure_class) == (
+        AttemptOutcome.TIMED_OUT, AttemptOutcome.SUCCEEDED, FailureClass.TIMEOUT)
+    assert attempt.error.startswith("timed out: still running after")
 
 
 @django_pgjobs.job("tests.lifecycle.heartbeats_past_timeout", lease=timedelta(seconds=30),
@@ -557,3 +566,103 @@ def test_a_worker_stopped_inside_a_receipt_past_its_lease_commits_nothing(start_
     winner = Attempt.objects.get(job_id=job.pk, outcome=AttemptOutcome.SUCCEEDED)
     assert Job.objects.get(pk=job.pk).result == receipt.result
     assert winner.number >= number
+
+
+# --- a cancel that lands between the claim and the start, or that the handler is told of ----
+
+started: list[tuple[str, int]] = []
+
+
+@django_pgjobs.job("tests.lifecycle.cancels_the_next", priority=100)
+def cancels_the_next(ctx: Any, payload: Any) -> str:
+    started.append(("first", ctx.job_id))
+    # The operator's cancel of the job waiting behind this one commits while this one runs.
+    assert cancel_jobs([payload["next"]]) == (0, 1)
+    time.sleep(0.2)  # outlast the executor's word on cancels, without the main loop's read
+    return "done"
+
+
+@django_pgjobs.job("tests.lifecycle.records_its_start")
+def records_its_start(ctx: Any, payload: Any) -> str:
+    started.append(("next", ctx.job_id))
+    return "ran"
+
+
+def run_worker_until(worker: Worker, done: Any) -> None:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(done, 30)
+    finally:
+        worker.stop()
+        thread.join(30)
+
+
+@transactional
+@override_settings(PGJOBS_CANCEL_CHECK_SECONDS=3600)  # only the start-time check can see it
+def test_a_claimed_job_cancelled_before_its_start_never_starts_and_ends_cancelled() -> None:
+    started.clear()
+    waiting = django_pgjobs.enqueue("tests.lifecycle.records_its_start", {})
+    first = django_pgjobs.enqueue("tests.lifecycle.cancels_the_next", {"next": waiting.pk})
+    worker = Worker(install_signals=False, poll_interval=0.05, batch_size=2, maintenance=[])
+    run_worker_until(worker, lambda: Job.objects.filter(
+        pk__in=[first.pk, waiting.pk], status__in=["succeeded", "cancelled"]).count() == 2)
+    assert started == [("first", first.pk)]
+    job = Job.objects.get(pk=waiting.pk)
+    assert (job.status, job.terminal_reason, job.attempts, job.result) == (
+        JobStatus.CANCELLED, TerminalReason.OPERATOR, 1, None)
+    assert list(Attempt.objects.filter(job_id=waiting.pk).values_list(
+        "outcome", "reported_outcome", "error")) == [
+        (AttemptOutcome.CANCELLED, AttemptOutcome.CANCELLED,
+         "cancelled by an operator before it started")]
+    assert Job.objects.get(pk=first.pk).status == JobStatus.SUCCEEDED
+
+
+@transactional
+def test_a_batch_of_fast_jobs_starts_without_asking_about_cancels() -> None:
+    django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(5)])
+    settler = Settler(SettlerConfig(using="default", worker_id="w", batch=10, flush_seconds=60),
+                      on_settled=lambda *_: None, on_database_error=lambda: None)
+    running = RunningJobs(settler, worker_id="w")
+    runner = BatchRunner(settler, running, AsyncRunner(settler, running, concurrency=1,
+                                                       worker_id="w", using="default"),
+                         worker_id="w", using="default", stopping=lambda: False)
+    jobs = claim_jobs("w", "default", 5)
+    slot = Slot(0)
+    with CaptureQueriesContext(connection) as queries:
+        runner.hold(slot, jobs)
+        runner.run(slot)
+    assert [q["sql"] for q in queries.captured_queries] == []
+    assert [o.attempt_outcome for o in settler.take()] == [AttemptOutcome.SUCCEEDED] * 5
+
+
+@django_pgjobs.job("tests.lifecycle.stops_when_told", lease=timedelta(seconds=3), heartbeat=True)
+def stops_when_told(ctx: Any, payload: Any) -> str:
+    started.append(("told", ctx.job_id))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not ctx.cancelled:
+        time.sleep(0.02)
+    return "stopped" if ctx.cancelled else "never told"
+
+
+@transactional
+@override_settings(PGJOBS_CANCEL_CHECK_SECONDS=3600)  # the heartbeat's answer tells it, alone
+def test_a_handler_that_stops_because_it_was_told_of_a_cancel_ends_its_job_cancelled() -> None:
+    started.clear()
+    job = django_pgjobs.enqueue("tests.lifecycle.stops_when_told", {})
+    worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: ("told", job.pk) in started, 30)
+        assert cancel_jobs([job.pk]) == (0, 1)
+        wait_for(lambda: Job.objects.get(pk=job.pk).status != JobStatus.RUNNING, 30)
+    finally:
+        worker.stop()
+        thread.join(30)
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.status, stored.terminal_reason, stored.result, stored.attempts) == (
+        JobStatus.CANCELLED, TerminalReason.OPERATOR, None, 1)
+    assert list(Attempt.objects.filter(job_id=job.pk).values_list("outcome", "error")) == [
+        (AttemptOutcome.CANCELLED, "cancelled by an operator while it ran; the handler was "
+                                   "told and then reported succeeded")]

@@ -14,6 +14,7 @@ from django.utils import timezone
 import django_pgjobs
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
+from django_pgjobs.retry import decide
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
 from django_pgjobs.transitions import (
     cancel_jobs,
@@ -65,7 +66,9 @@ def test_claim_takes_the_highest_priority_oldest_first_and_holds_them_under_a_le
         # The lease comes from the database clock: expiry - lease length == the claim's now().
         assert job.lease_expires_at - timedelta(seconds=job.lease_seconds) == job.heartbeat_at
         # The running attempt's record is its job; its own row is written when it ends.
-        assert job.claimed_at == job.heartbeat_at and c.lease_owner == "w1"
+        # claimed_at is the clock as the row was taken, within the claim's statement.
+        assert job.heartbeat_at <= job.claimed_at < job.lease_expires_at
+        assert c.lease_owner == "w1"
         assert not Attempt.objects.filter(lease_token=c.lease_token).exists()
     assert Job.objects.get(pk=low.pk).status == JobStatus.READY
 
@@ -165,9 +168,11 @@ def test_a_stale_worker_cannot_settle_or_heartbeat_a_job_another_attempt_owns() 
     assert (job.status, job.lease_owner, job.lease_token) == (
         JobStatus.RUNNING, "fresh-worker", fresh.lease_token)
     assert job.attempts == 2
+    # The rescue's record of the attempt stands; the late report is kept beside it.
     stale_attempt = Attempt.objects.get(lease_token=stale.lease_token)
-    assert stale_attempt.outcome == AttemptOutcome.LOST
-    assert stale_attempt.reported_outcome == AttemptOutcome.SUCCEEDED
+    assert (stale_attempt.outcome, stale_attempt.reported_outcome,
+            stale_attempt.failure_class) == (
+        AttemptOutcome.LEASE_EXPIRED, AttemptOutcome.SUCCEEDED, FailureClass.LEASE_EXPIRED)
     # The fresh owner still settles normally.
     assert settle([succeeded(fresh, fresh.lease_token)]) == {fresh.lease_token: True}
     assert Job.objects.get(pk=stale.id).status == JobStatus.SUCCEEDED
@@ -261,7 +266,7 @@ def test_settle_completes_a_running_attempt_row_an_earlier_version_wrote_at_clai
         first.lease_token: True, second.lease_token: False}
     outcomes = dict(Attempt.objects.values_list("lease_token", "outcome"))
     assert outcomes == {first.lease_token: AttemptOutcome.SUCCEEDED,
-                        second.lease_token: AttemptOutcome.LOST}
+                        second.lease_token: AttemptOutcome.LEASE_EXPIRED}
     assert Attempt.objects.count() == 2
 
 
@@ -451,3 +456,67 @@ def test_a_claim_is_read_by_column_names_not_positions() -> None:
     assert {f: getattr(again, f) for f in fields} == {f: getattr(c, f) for f in fields}
     with pytest.raises(LookupError, match=r"lacks column\(s\) trace_id$"):
         claimed_jobs([name for name in columns if name != "trace_id"], [])
+
+
+def _failed(c, failure_class: FailureClass, error: str) -> Outcome:
+    decision = decide(failure_class, attempts=c.attempt, max_attempts=c.max_attempts,
+                      created_at=c.created_at, deadline=c.deadline, now=timezone.now())
+    return Outcome.failed(c, failure_class, decision, error=error)
+
+
+@pytest.mark.parametrize("takeover", ["timed_out", "lease_expired", "cancelled"])
+def test_a_late_report_is_recorded_beside_the_attempts_outcome_never_over_it(takeover) -> None:
+    JobFactory(max_attempts=3)
+    [c] = claim_jobs("w1", "default", 1)
+    if takeover == "timed_out":
+        ended = _failed(c, FailureClass.TIMEOUT, "timed out: still running after 2.0s")
+        assert settle([ended]) == {c.lease_token: True}
+    elif takeover == "lease_expired":
+        expire_lease(c.id)
+        [ended] = rescue_expired_leases(10)
+    else:
+        cancel_jobs([c.id])
+        ended = Outcome.cancelled(c, "cancelled by an operator while it ran")
+        assert settle([ended]) == {c.lease_token: True}
+    before = Attempt.objects.values().get(lease_token=c.lease_token)
+
+    late = _failed(c, FailureClass.TRANSIENT, "Transient: lease lost; stopping")
+    assert settle([late]) == {c.lease_token: False}
+    # Sent again (its reply was lost): still nothing over the attempt's record.
+    assert settle([succeeded(c, c.lease_token)]) == {c.lease_token: False}
+
+    after = Attempt.objects.values().get(lease_token=c.lease_token)
+    assert after == {**before, "reported_outcome": AttemptOutcome.FAILED}
+    assert (after["outcome"], after["failure_class"], after["error"]) == (
+        ended.attempt_outcome, ended.failure_class, ended.error)
+    assert Attempt.objects.count() == 1
+
+
+@pytest.mark.parametrize("hand_back", ["released", "snoozed"])
+def test_a_hand_back_that_a_pending_cancel_ends_keeps_its_attempts_count(hand_back) -> None:
+    JobFactory()
+    [c] = claim_jobs("w1", "default", 1)
+    assert cancel_jobs([c.id]) == (0, 1)
+    outcome = (Outcome.released(c, "worker stopping") if hand_back == "released"
+               else Outcome.snoozed(c, 30, duration_ms=3))
+    assert settle([outcome]) == {c.lease_token: True}
+    job = Job.objects.get(pk=c.id)
+    rows = list(Attempt.objects.filter(job_id=c.id).values_list("outcome", "reported_outcome"))
+    assert (job.status, job.terminal_reason) == (JobStatus.CANCELLED, TerminalReason.OPERATOR)
+    assert rows == [(AttemptOutcome.CANCELLED, hand_back)]
+    assert job.attempts == len(rows) == 1
+
+
+def test_a_release_and_the_next_claim_of_its_job_are_stamped_in_order() -> None:
+    # The release and the claim that takes the job again go in one message, as a worker sends
+    # them: one statement time for both, so only the clock can order them.
+    JobFactory()
+    [c] = claim_jobs("w1", "default", 1)
+    claim_jobs("warmup", "default", 1)  # compile and cache the claim's text
+    applied, [again] = settle_and_claim([Outcome.released(c, "worker stopping")],
+                                        "w1", "default", 1)
+    assert applied == {c.lease_token: True} and again.id == c.id
+    released = Attempt.objects.get(lease_token=c.lease_token)
+    job = Job.objects.get(pk=c.id)
+    assert released.claimed_at < released.finished_at < job.claimed_at
+    assert job.lease_expires_at - timedelta(seconds=job.lease_seconds) == job.heartbeat_at

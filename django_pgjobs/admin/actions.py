@@ -17,6 +17,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from .. import periodic, transitions
+from ..conf import settings
 from ..models import IdempotencyReceipt, Job, Schedule
 from ..status import (
     RETRYABLE_STATUSES,
@@ -25,7 +26,7 @@ from ..status import (
     JobStatus,
     OverlapPolicy,
 )
-from .display import is_are, jobs_text, states_text
+from .display import is_are, jobs_text, states_text, time_text
 
 # The most jobs one action may touch: their ids travel in the confirmation page.
 ACTION_MAX_JOBS = 10_000
@@ -124,10 +125,15 @@ def cancel_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
         changes.append(f"{jobs_text(n)} ({states}) will be cancelled now and will not run.")
     if running:
         changes.append(
-            f"{jobs_text(running)} (running) will be asked to stop. A handler sees the request "
-            "as ctx.cancel_requested after its next heartbeat and decides how to stop; its "
-            "worker still settles the job. A handler without heartbeats, or that ignores the "
-            "request, runs to its end."
+            f"{jobs_text(running)} (running) will be cancelled by their worker within about "
+            f"{float(settings.CANCEL_CHECK_SECONDS):g} s (a handler with heartbeats may hear "
+            "of it sooner): a job whose handler has not started never starts; one that runs is "
+            "settled cancelled and its handler stopped where it can be (an async task is "
+            "cancelled, a child process is killed) or told (ctx.cancelled; ctx.heartbeat() "
+            "raises Cancelled). What a handler reports after that is kept beside its attempt "
+            "and changes nothing: the job ends cancelled. A job whose handler finishes before "
+            "its worker settles the cancel ends as its handler reported; its page says the "
+            "cancel came too late."
         )
     if not changes:
         changes.append("No selected job is waiting or running: nothing will change.")
@@ -186,10 +192,10 @@ def replay_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
     shown = []
     for receipt in receipts[:RECEIPTS_SHOWN]:
         if receipt.expires_at <= now:
-            verdict = f"will not protect it: expired at {receipt.expires_at:%Y-%m-%d %H:%M:%S}"
+            verdict = f"will not protect it: expired at {time_text(receipt.expires_at)}"
         else:
             verdict = (
-                f"protects it until {receipt.expires_at:%Y-%m-%d %H:%M:%S} if the handler "
+                f"protects it until {time_text(receipt.expires_at)} if the handler "
                 "computes the same key"
             )
         shown.append((f"{receipt.scope}:{receipt.key} (job {receipt.job_id})", verdict))

@@ -51,6 +51,7 @@ class TimeColumns:
     lease_expires_at_shown = time_column("lease_expires_at")
     heartbeat_at_shown = time_column("heartbeat_at")
     scheduled_at_shown = time_column("scheduled_at")
+    cancel_requested_at_shown = time_column("cancel_requested_at")
     expires_at_shown = time_column("expires_at", sortable=True)
 
 

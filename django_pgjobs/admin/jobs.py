@@ -27,8 +27,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from .. import sql, transitions
-from ..models import Attempt, Job, OperatorAction
+from ..models import Attempt, Job, OperatorAction, OperatorActionKind
 from ..registry import redactor_for
+from ..status import JobStatus, TerminalReason
 from .actions import ACTION_MAX_JOBS, ACTIONS, Action, status_counts
 from .base import AttemptColumns, NoWrites, ReadOnlyAdmin, TimeColumns
 from .dashboard import dashboard_context
@@ -84,7 +85,13 @@ class AttemptInline(NoWrites, AttemptColumns, TimeColumns, admin.TabularInline):
 
 TIME_FIELDS = ("run_at_shown", "deadline_shown", "created_at_shown", "started_at_shown",
                "finished_at_shown", "updated_at_shown", "claimed_at_shown",
-               "lease_expires_at_shown", "heartbeat_at_shown", "scheduled_at_shown")
+               "lease_expires_at_shown", "heartbeat_at_shown", "scheduled_at_shown",
+               "cancel_requested_at_shown")
+# How a job that ended before an operator's cancel reached it had ended, in the page's words.
+_ENDED_BEFORE_THE_CANCEL: dict[str, str] = {
+    JobStatus.SUCCEEDED: "succeeded", JobStatus.DEAD: "ended dead",
+    JobStatus.CANCELLED: "been cancelled",
+}
 
 
 @admin.register(Job)
@@ -99,10 +106,10 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     inlines = [AttemptInline]
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
     readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",
-                       "schedule_link", *TIME_FIELDS)
+                       "schedule_link", "cancel_shown", *TIME_FIELDS)
     fieldsets = (
-        (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "failure_class",
-                           "priority", "base_priority")}),
+        (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "cancel_shown",
+                           "failure_class", "priority", "base_priority")}),
         ("Payload (redacted)", {"fields": ("payload_shown", "payload_version", "result_shown")}),
         ("Last error (redacted)", {"fields": ("error_shown",)}),
         ("Attempts and times", {"fields": ("attempts", "max_attempts", "snoozes", "run_at_shown",
@@ -112,7 +119,7 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         # A running attempt's record until it ends (the inline lists the attempts that ended).
         ("Lease", {"fields": ("lease_owner", "lease_token", "claimed_at_shown", "lease_seconds",
                               "lease_expires_at_shown", "heartbeat_at_shown",
-                              "cancel_requested_at")}),
+                              "cancel_requested_at_shown")}),
         ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
                                  "scheduled_at_shown")}),
         ("Operator actions", {"fields": ("operator_history",)}),
@@ -200,6 +207,27 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     def error_shown(self, job: Job) -> str:
         text = redactor_for(job.task).text(job.last_error, job.payload)
         return format_html("<pre>{}</pre>", text) if text else "-"
+
+    @admin.display(description="cancel")
+    def cancel_shown(self, job: Job) -> str:
+        """Who cancelled the job, when and why; or that the cancel came too late for it."""
+        cancel = OperatorAction.objects.filter(
+            job_ids__contains=[job.pk], action=OperatorActionKind.CANCEL).order_by("-id").first()
+        if cancel is None:
+            return "-"
+        asked = (f"by {cancel.actor_name or '(code)'} at {time_text(cancel.created_at)}"
+                 + (f": {cancel.reason}" if cancel.reason else ""))
+        too_late = str(job.pk) in cancel.detail.get("too_late", {}) or (
+            job.cancel_requested_at is not None
+            and job.status in (JobStatus.SUCCEEDED, JobStatus.DEAD))
+        if too_late:
+            return (f"Cancel {asked} came too late: the job had already "
+                    f"{_ENDED_BEFORE_THE_CANCEL.get(job.status, job.status)}")
+        if job.status == JobStatus.CANCELLED and job.terminal_reason == TerminalReason.OPERATOR:
+            return f"Cancelled {asked}"
+        if job.status == JobStatus.RUNNING and job.cancel_requested_at is not None:
+            return f"Cancel asked {asked}; its worker is ending it"
+        return "-"
 
     @admin.display(description="schedule")
     def schedule_link(self, job: Job) -> str:

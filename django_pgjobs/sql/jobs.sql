@@ -2,8 +2,11 @@
 -- The candidates CTE is the ORM's select_for_update(skip_locked=True) query over the claim index.
 -- Kept in its own CTE it is an optimisation fence: the planner cannot fold it into the UPDATE
 -- and lock more rows than its LIMIT. Lease expiry comes from the database clock as of this
--- statement, not of the transaction's BEGIN one round trip earlier. The attempt gets no row of
--- its own until it ends: while it runs, the job's lease columns and claimed_at are its record.
+-- statement, not of the transaction's BEGIN one round trip earlier. claimed_at is the clock as
+-- the row is taken (clock_timestamp()): a statement's time is read before the statement finds
+-- the row, and could precede the finished_at of the settlement that released it. The attempt
+-- gets no row of its own until it ends: while it runs, the job's lease columns and claimed_at
+-- are its record.
 WITH candidates AS (
     {candidates}
 ), claimed AS (
@@ -14,7 +17,8 @@ WITH candidates AS (
         lease_token = gen_random_uuid(),
         lease_expires_at = statement_timestamp() + make_interval(secs => j.lease_seconds),
         heartbeat_at = statement_timestamp(),
-        claimed_at = statement_timestamp(),
+        -- The clock as the row is taken: after the settlement that made it claimable committed.
+        claimed_at = clock_timestamp(),
         started_at = COALESCE(j.started_at, statement_timestamp()),
         updated_at = statement_timestamp()
     FROM candidates AS c
@@ -38,12 +42,15 @@ ORDER BY priority DESC, run_at, id
 
 -- name: settle_jobs
 -- One fenced statement for a whole batch of outcomes. A job row changes only while it is still
--- running under the reported lease token; an outcome whose token no longer matches is recorded
--- on its own attempt as 'lost' and changes nothing else. A job an operator asked to stop never
--- goes back to waiting: an outcome that would retry, release or snooze it ends it cancelled.
--- Times are the statement's, like the claim's: sent inside a longer transaction (a test's,
--- django_pgjobs.testing.drain), now() would be that transaction's start, before the attempt
--- was even claimed.
+-- running under the reported lease token; an outcome whose token no longer matches changes
+-- nothing of the job and is recorded on its attempt (see the attempt rows below). A job an
+-- operator asked to stop never goes back to waiting: an outcome that would retry, release or
+-- snooze it ends it cancelled, and its attempt then counts like any that ended the job.
+-- Lease and schedule times are the statement's, like the claim's: sent inside a longer
+-- transaction (a test's, django_pgjobs.testing.drain), now() would be that transaction's start,
+-- before the attempt was even claimed. When an attempt ended is the clock's as its row is
+-- written (clock_timestamp()): before this statement commits, so before any later claim of the
+-- same job stamps its claimed_at, and never before the attempt's own claimed_at.
 WITH reported AS (
     -- The batch arrives as one JSON array of objects keyed by these columns, which are the
     -- fields of outcomes.Outcome of the same names (transitions.settle builds them).
@@ -62,8 +69,11 @@ WITH reported AS (
         run_at = CASE WHEN r.delay_seconds IS NULL OR j.cancel_requested_at IS NOT NULL
                       THEN j.run_at
                       ELSE statement_timestamp() + make_interval(secs => r.delay_seconds) END,
-        -- The claim counted the attempt; an outcome that does not count it gives it back.
-        attempts = j.attempts - CASE WHEN r.counted THEN 0 ELSE 1 END,
+        -- The claim counted the attempt; an outcome that does not count it gives it back,
+        -- unless a pending cancel ends the job with it: that attempt keeps its row (outcome
+        -- cancelled), so it keeps its count.
+        attempts = j.attempts - CASE WHEN r.counted OR j.cancel_requested_at IS NOT NULL
+                                     THEN 0 ELSE 1 END,
         snoozes = j.snoozes + CASE WHEN r.adds_snooze THEN 1 ELSE 0 END,
         lease_owner = NULL,
         lease_token = NULL,
@@ -77,48 +87,64 @@ WITH reported AS (
         result = r.result_json::jsonb,
         finished_at = CASE WHEN r.status IN ('succeeded', 'dead', 'cancelled')
                                 OR j.cancel_requested_at IS NOT NULL
-                           THEN statement_timestamp() END,
+                           THEN GREATEST(clock_timestamp(), j.claimed_at) END,
         updated_at = statement_timestamp()
     FROM reported AS r
     WHERE j.id = r.job_id AND j.lease_token = r.lease_token AND j.status = 'running'
-    RETURNING r.lease_token, j.status, j.claimed_at
+    RETURNING r.lease_token, j.status, j.claimed_at, j.finished_at
+), written AS (
+    -- Each attempt's row is written here, once, now that its outcome is known. Matched on the
+    -- token, not the job: one batch can hold a stale report and the winning report for the
+    -- same job (a handler ran past its lease and the retry finished before the flush).
+    INSERT INTO pgjobs_attempt AS a (job_id, number, worker_id, lease_token, claimed_at,
+                                     finished_at, outcome, reported_outcome, failure_class, error,
+                                     traceback, duration_ms)
+    SELECT r.job_id, r.attempt, r.worker_id, r.lease_token,
+           COALESCE(s.claimed_at, statement_timestamp()),
+           -- The job's own finished_at when this attempt ended it: one time for one event.
+           COALESCE(s.finished_at, GREATEST(clock_timestamp(), s.claimed_at)),
+           CASE WHEN s.lease_token IS NULL THEN 'lost'
+                -- A pending cancel ended the job: the attempt says so, and reported_outcome
+                -- keeps what the handler said.
+                WHEN s.status = 'cancelled' THEN 'cancelled'
+                ELSE r.attempt_outcome END,
+           r.attempt_outcome, r.failure_class, r.error, r.traceback, r.duration_ms
+    FROM reported AS r
+    LEFT JOIN settled AS s ON s.lease_token = r.lease_token
+    -- A late report about a job that is gone (pruned) has nothing left to be recorded against.
+    -- A scalar subquery, not EXISTS: it probes the primary key for that report alone, where
+    -- EXISTS may be planned as a hash of every job id.
+    WHERE s.lease_token IS NOT NULL
+       OR (SELECT true FROM pgjobs_job AS g WHERE g.id = r.job_id)
+    -- The token has a row already when its attempt ended without its holder: the rescue step
+    -- took it over (lease expired), or the worker did (timed out, cancelled). That row is the
+    -- attempt's history and stays as it is; the holder's late report is recorded beside it, in
+    -- reported_outcome alone. A row the holder's own report wrote is left whole: a batch sent
+    -- again after its reply was lost (the connection dropped after the commit) changes
+    -- nothing. A running row is one an earlier version wrote at claim time; it is completed
+    -- like a new one. The conflict waits for a concurrent rescue of the same token to commit,
+    -- so its row is never missed.
+    ON CONFLICT (lease_token) DO UPDATE
+    SET finished_at = CASE WHEN a.outcome = 'running' THEN EXCLUDED.finished_at
+                           ELSE a.finished_at END,
+        outcome = CASE WHEN a.outcome = 'running' THEN EXCLUDED.outcome ELSE a.outcome END,
+        reported_outcome = EXCLUDED.reported_outcome,
+        failure_class = CASE WHEN a.outcome = 'running' THEN EXCLUDED.failure_class
+                             ELSE a.failure_class END,
+        error = CASE WHEN a.outcome = 'running' THEN EXCLUDED.error ELSE a.error END,
+        traceback = CASE WHEN a.outcome = 'running' THEN EXCLUDED.traceback
+                         ELSE a.traceback END,
+        duration_ms = CASE WHEN a.outcome = 'running' THEN EXCLUDED.duration_ms
+                           ELSE a.duration_ms END
+    WHERE a.outcome IN ('running', 'lease_expired', 'timed_out', 'cancelled')
+      AND a.reported_outcome IN ('', 'lease_expired', 'timed_out', 'cancelled')
+    RETURNING a.lease_token
 )
--- Each attempt's row is written here, once, now that its outcome is known. Matched on the
--- token, not the job: one batch can hold a stale report and the winning report for the same
--- job (a handler ran past its lease and the retry finished before the flush).
-INSERT INTO pgjobs_attempt AS a (job_id, number, worker_id, lease_token, claimed_at, finished_at,
-                                 outcome, reported_outcome, failure_class, error, traceback,
-                                 duration_ms)
-SELECT r.job_id, r.attempt, r.worker_id, r.lease_token,
-       COALESCE(s.claimed_at, statement_timestamp()), statement_timestamp(),
-       CASE WHEN s.lease_token IS NULL THEN 'lost'
-            -- A pending cancel ended the job: the attempt says so, and reported_outcome keeps
-            -- what the handler said.
-            WHEN s.status = 'cancelled' THEN 'cancelled'
-            ELSE r.attempt_outcome END,
-       r.attempt_outcome, r.failure_class, r.error, r.traceback, r.duration_ms
+-- Applied: the report settled its job. A report that lost its lease, one about a job that is
+-- gone, and one sent again all answer false.
+SELECT r.lease_token, s.lease_token IS NOT NULL AS applied
 FROM reported AS r
 LEFT JOIN settled AS s ON s.lease_token = r.lease_token
--- A late report about a job that is gone (pruned) has nothing left to be recorded against. A
--- scalar subquery, not EXISTS: it probes the primary key for that report alone, where EXISTS may
--- be planned as a hash of every job id.
-WHERE s.lease_token IS NOT NULL OR (SELECT true FROM pgjobs_job AS g WHERE g.id = r.job_id)
--- The token has a row already when its attempt was taken over (lease expired, timed out,
--- cancelled): the holder's late report is recorded on it as lost. A row settled otherwise
--- stays as it is: a batch sent again after its reply was lost (the connection dropped after
--- the commit) must not turn an applied report into a lost one. A running row is one an earlier
--- version wrote at claim time; it is completed like a new one. The conflict waits for a
--- concurrent rescue of the same token to commit, so its row is never missed.
-ON CONFLICT (lease_token) DO UPDATE
-SET finished_at = EXCLUDED.finished_at,
-    outcome = EXCLUDED.outcome,
-    reported_outcome = EXCLUDED.reported_outcome,
-    failure_class = EXCLUDED.failure_class,
-    error = EXCLUDED.error,
-    traceback = EXCLUDED.traceback,
-    duration_ms = EXCLUDED.duration_ms
-WHERE a.outcome IN ('running', 'lease_expired', 'timed_out', 'cancelled')
-RETURNING a.lease_token, a.outcome <> 'lost' AS applied
 
 -- name: extend_leases
 -- A heartbeat extends from the statement's time: a handler may send it inside its own transaction.

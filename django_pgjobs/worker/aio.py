@@ -122,7 +122,7 @@ class AsyncRunner:
             if heartbeat:
                 self.settler.unwatch(ctx)
             self.running.finished(job.id)
-        self.settler.put(outcome)
+        self.settler.put(ctx.settlement(outcome))
 
     def _done(self, future: Future[None]) -> None:
         with self._lock:

@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from django.db import DatabaseError
+
 from ..claimed import ClaimedJob
 from ..context import JobContext
 from ..executor import broke_around, execute
@@ -25,12 +27,20 @@ from ..outcomes import Outcome
 from ..registry import Handler, registry
 from ..transitions import cancel_requested
 from .aio import AsyncRunner
-from .connections import database_reachable
+from .connections import database_reachable, reset_connection
 from .isolation import ChildProcess
 from .running import RunningJob, RunningJobs
 from .settler import Settler
 
 logger = logging.getLogger("django_pgjobs.worker")
+
+# How old the slot's last word on cancels may be when it starts a claimed job. A job started
+# within this of its claim (or of the last read) starts without asking; one that waited longer
+# behind the batch's earlier jobs is asked about first, with every job still waiting behind it,
+# in one read by primary key. A batch of fast jobs so pays nothing; a slow one, a read per job
+# at most, beside handlers that take longer than this each.
+START_CANCEL_FRESH_SECONDS = 0.05
+BEFORE_START = "cancelled by an operator before it started"
 
 
 @dataclass
@@ -49,6 +59,9 @@ class Slot:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # The child process of the slot's process-isolated handlers, once it has had one.
     child: ChildProcess | None = None
+    # This process's clock when the slot last knew which of its jobs an operator cancelled: its
+    # batch's claim, or its last read of cancel_requested.
+    cancels_known_at: float = 0.0
 
     @property
     def alive(self) -> bool:
@@ -73,6 +86,33 @@ class BatchRunner:
         """Queue a claimed batch in ``slot``: from here on the watchdog can hand it back."""
         with slot.lock:
             slot.waiting.extend(jobs)
+            # The claim just committed: no cancel of these jobs can have come before it.
+            slot.cancels_known_at = min((j.claimed_monotonic for j in jobs), default=0.0)
+
+    def _cancelled_before_start(self, slot: Slot, job: ClaimedJob) -> bool | None:
+        """Before ``job`` starts: whether an operator cancelled it since its claim.
+
+        Asked only when the slot's word on cancels is stale, in one read that covers the jobs
+        waiting behind it too; a cancelled job is settled here, unstarted, and so are the
+        waiting ones the read names. None: the database could not be asked.
+        """
+        if time.monotonic() - slot.cancels_known_at <= START_CANCEL_FRESH_SECONDS:
+            return False
+        with slot.lock:
+            ids = [job.id, *(waiting.id for waiting in slot.waiting)]
+        try:
+            asked = set(cancel_requested(ids, using=self.using))
+        except DatabaseError:
+            reset_connection(self.using)  # the next claim reconnects
+            return None
+        slot.cancels_known_at = time.monotonic()
+        if not asked:
+            return False
+        self.cancel_waiting(slot, asked)
+        if job.id not in asked:
+            return False
+        self.settler.put(Outcome.cancelled(job, BEFORE_START))
+        return True
 
     def run(self, slot: Slot) -> None:
         """Run the jobs waiting in ``slot`` one by one until none is left."""
@@ -84,12 +124,17 @@ class BatchRunner:
             # An earlier job of the batch may have left the connection broken (the server cut
             # it mid-handler): reconnect now rather than fail this job on it as well. While the
             # database is unreachable, starting handlers would only burn their attempts.
-            if not database_reachable(self.using):
+            cancelled = self._cancelled_before_start(slot, job) if database_reachable(
+                self.using) else None
+            if cancelled is None:
                 with slot.lock:
                     slot.job, slot.heartbeat = None, False
                     slot.waiting.appendleft(job)
                     self.release_waiting(slot, "database unreachable")
                 return
+            if cancelled:
+                slot.job, slot.heartbeat = None, False
+                continue
             ctx = JobContext(job, worker_id=self.worker_id, using=self.using)
             if handler is not None and handler.is_async:
                 slot.job, slot.heartbeat = None, False
@@ -105,7 +150,7 @@ class BatchRunner:
                              type(exc).__qualname__)
                 outcome = broke_around(job, exc)
             if outcome is not None:
-                self.settler.put(outcome)
+                self.settler.put(ctx.settlement(outcome))
 
     def _run_here(
         self, slot: Slot, job: ClaimedJob, ctx: JobContext, process: bool
@@ -161,8 +206,7 @@ class BatchRunner:
             cancelled = [job for job in slot.waiting if job.id in job_ids]
             for job in cancelled:
                 slot.waiting.remove(job)
-                self.settler.put(Outcome.cancelled(job, "cancelled by an operator before it "
-                                                        "started"))
+                self.settler.put(Outcome.cancelled(job, BEFORE_START))
         return len(cancelled)
 
 

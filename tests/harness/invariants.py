@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_pgjobs.conf import settings
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from django_pgjobs.worker.slots import START_CANCEL_FRESH_SECONDS
 from testproject.chaos.models import Effect, Run
 from tests.harness.records import PLAIN, POISON, RECEIPTED, RunRecord, Target
 
@@ -32,6 +33,12 @@ SETTLED_BY_HOLDER = {
 }
 # Attempts that hand their count back: a release, a snooze, a rolling-deploy retry.
 UNCOUNTED_CLASSES = {FailureClass.UNKNOWN_TASK, FailureClass.UNSUPPORTED_VERSION}
+# Outcomes a job's attempts counter leaves out: hand-backs, and late reports with no row of
+# their own (an ended attempt's late report is kept beside it and adds nothing).
+UNCOUNTED_OUTCOMES = {AttemptOutcome.RELEASED, AttemptOutcome.SNOOZED, AttemptOutcome.LOST}
+# An executor starts a claimed job without asking about cancels when its last word on them is at
+# most START_CANCEL_FRESH_SECONDS old; the handler's Run row is stamped a moment after it starts.
+CANCEL_START_SLACK = timedelta(seconds=START_CANCEL_FRESH_SECONDS + 0.1)
 # Main-loop tick (0.25 s), process scheduling on a busy host, the claim and the handler's start.
 SCHEDULING_SLACK_SECONDS = 1.5
 # Attempt.claimed_at is the claim statement's time, taken as it starts: before it found the row
@@ -207,6 +214,18 @@ def runs_never_overlap(snap: Snapshot) -> Check:
                   "under two valid leases" if not problems else f"{pairs} pairs compared")
 
 
+def counts_an_attempt(attempt: Attempt) -> bool:
+    """Whether ``attempt`` is one its job's ``attempts`` counts.
+
+    A release, a snooze and a deploy-window wait give theirs back, unless a pending cancel
+    ended the job with it (its row then says cancelled and it counts).
+    """
+    if attempt.outcome in UNCOUNTED_OUTCOMES:
+        return False
+    return (attempt.outcome == AttemptOutcome.CANCELLED
+            or attempt.failure_class not in UNCOUNTED_CLASSES)
+
+
 def no_stale_settlement(snap: Snapshot) -> Check:
     """A report that lost its lease changed nothing: the job agrees with its winning attempts."""
     problems = []
@@ -214,11 +233,7 @@ def no_stale_settlement(snap: Snapshot) -> Check:
     for job_id, attempts in snap.attempts.items():
         job = snap.jobs[job_id]
         lost += sum(a.outcome == AttemptOutcome.LOST for a in attempts)
-        counted = sum(
-            a.outcome not in (AttemptOutcome.RELEASED, AttemptOutcome.SNOOZED)
-            and a.failure_class not in UNCOUNTED_CLASSES
-            for a in attempts
-        )
+        counted = sum(counts_an_attempt(a) for a in attempts)
         if job.attempts != counted:
             problems.append(f"job {job_id}: attempts is {job.attempts}, its attempt rows "
                             f"account for {counted}")
@@ -292,8 +307,9 @@ _EXPECTED: dict[tuple[str, str, str], tuple[list[str], int]] = {
     ("kill", PLAIN, "before_effect"): (["lease_expired", "succeeded"], 1),
     ("kill", PLAIN, "after_effect"): (["lease_expired", "succeeded"], 2),
     ("kill", RECEIPTED, "after_effect"): (["lease_expired", "succeeded"], 1),
-    ("stop", PLAIN, "before_effect"): (["lost", "succeeded"], 2),
-    ("stop", RECEIPTED, "before_effect"): (["lost", "succeeded"], 1),
+    # The rescue's lease_expired stands; the stopped worker's late report is kept beside it.
+    ("stop", PLAIN, "before_effect"): (["lease_expired", "succeeded"], 2),
+    ("stop", RECEIPTED, "before_effect"): (["lease_expired", "succeeded"], 1),
     ("disconnect", PLAIN, "before_effect"): (["failed", "succeeded"], 1),
 }
 
@@ -560,11 +576,87 @@ def no_effect_after_worker_death(record: RunRecord) -> Check:
                   f"{before} effects before the deaths")
 
 
+def no_start_after_a_cancel(snap: Snapshot) -> tuple[Check, int]:
+    """No handler started after its job's cancel committed (beyond the start check's freshness).
+
+    The cancel's time is its transaction's (``cancel_requested_at``, or a waiting job's
+    ``finished_at``); it committed after that. A run that started within CANCEL_START_SLACK of
+    it is counted, not failed: the executor's word on cancels may be that old.
+    """
+    problems = []
+    near = 0
+    for job in snap.jobs.values():
+        cancelled_at = job.cancel_requested_at or (
+            job.finished_at if job.status == JobStatus.CANCELLED
+            and job.terminal_reason == TerminalReason.OPERATOR else None)
+        if cancelled_at is None:
+            continue
+        for run in snap.runs.get(job.pk, []):
+            if run.started_at <= cancelled_at:
+                continue
+            if run.started_at <= cancelled_at + CANCEL_START_SLACK:
+                near += 1
+                continue
+            problems.append(f"job {job.pk}: attempt {run.attempt} on {run.worker_id} started "
+                            f"{(run.started_at - cancelled_at).total_seconds():.3f}s after its "
+                            "cancel")
+    return _check("no handler started after its job's cancel", problems,
+                  f"{sum(1 for j in snap.jobs.values() if j.cancel_requested_at)} running jobs "
+                  f"cancelled; {near} handlers started within the start check's "
+                  f"{START_CANCEL_FRESH_SECONDS:g}s freshness of a cancel, none later"
+                  if not problems else f"{near} within the freshness"), near
+
+
+def attempt_history_kept(snap: Snapshot) -> tuple[Check, int]:
+    """An attempt's recorded outcome is never overwritten by a later stale report.
+
+    Every attempt that lost its lease was ended by the rescue step or its worker, which wrote its
+    row; a late report is kept beside that outcome (``reported_outcome``). A ``lost`` row would be
+    a record replaced, or a report about a lease that nothing ended.
+    """
+    problems = []
+    beside = 0
+    for job_id, attempts in snap.attempts.items():
+        for a in attempts:
+            if a.outcome == AttemptOutcome.LOST:
+                problems.append(f"job {job_id}: attempt {a.number} on {a.worker_id} is recorded "
+                                f"lost (reported {a.reported_outcome}, class "
+                                f"{a.failure_class or '-'}), not as what ended it")
+            elif a.outcome in _TAKEN and a.reported_outcome not in ("", a.outcome):
+                beside += 1
+                if a.outcome == AttemptOutcome.TIMED_OUT and \
+                        a.failure_class != FailureClass.TIMEOUT:
+                    problems.append(f"job {job_id}: attempt {a.number} timed out with class "
+                                    f"{a.failure_class}")
+    return _check("every attempt keeps the outcome that ended it", problems,
+                  f"{beside} reports kept beside the outcome of an attempt already ended; "
+                  "none recorded over it" if not problems else f"{beside} kept beside"), beside
+
+
+def attempt_counts_agree(snap: Snapshot) -> Check:
+    """A job that ended has as many attempts as its attempt rows that count one."""
+    problems = []
+    ended = 0
+    for job in snap.jobs.values():
+        if job.status not in TERMINAL:
+            continue
+        ended += 1
+        rows = snap.attempts.get(job.pk, [])
+        counted = sum(counts_an_attempt(a) for a in rows)
+        if job.attempts != counted:
+            problems.append(f"job {job.pk} ({job.status}): attempts is {job.attempts}, its rows "
+                            f"count {counted} ({', '.join(a.outcome for a in rows)})")
+    return _check("an ended job's attempts equal its counted attempt rows", problems,
+                  f"{ended} ended jobs, every count matching its rows")
+
+
 def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dict[str, Any]]:
     """Run every check; return them and the run's figures."""
     snap = Snapshot.load()
     plain_check, plain = unreceipted_duplicates(snap)
     flood, flood_figures = flood_check(snap, record)
+    cancel_start, started_near_a_cancel = no_start_after_a_cancel(snap)
+    history, kept_beside = attempt_history_kept(snap)
     checks = [
         every_job_ended(snap, record),
         leases_never_overlap(snap),
@@ -581,6 +673,9 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         receipts_under_the_lease(snap),
         lifecycle_as_expected(snap, record),
         no_effect_after_worker_death(record),
+        cancel_start,
+        history,
+        attempt_counts_agree(snap),
     ]
     statuses = Counter(j.status for j in snap.jobs.values())
     outcomes = Counter(a.outcome for rows in snap.attempts.values() for a in rows)
@@ -604,6 +699,8 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         "receipted_duplicates": sum(n - 1 for n in snap.receipted_effects.values() if n > 1),
         "plain": plain,
         "late_reports_lost": outcomes.get(AttemptOutcome.LOST, 0),
+        "late_reports_kept_beside": kept_beside,
+        "handlers_started_within_cancel_freshness": started_near_a_cancel,
         "late_reports_by_reported_outcome": dict(Counter(
             a.reported_outcome for rows in snap.attempts.values() for a in rows
             if a.outcome == AttemptOutcome.LOST)),

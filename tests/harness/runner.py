@@ -125,7 +125,8 @@ def render(record: RunRecord, checks: list[Check], figures: dict[str, Any]) -> s
         "processes in all",
         f"jobs        {figures['jobs']} {figures['jobs_by_status']}; lost {figures['jobs_lost']}",
         f"attempts    {figures['attempts']}: lease expired {outcomes.get('lease_expired', 0)}, "
-        f"late reports lost {outcomes.get('lost', 0)}, failed {outcomes.get('failed', 0)}, "
+        f"late reports lost {outcomes.get('lost', 0)} (kept beside a takeover "
+        f"{figures['late_reports_kept_beside']}), failed {outcomes.get('failed', 0)}, "
         f"released {outcomes.get('released', 0)}",
         f"effects     receipted {figures['receipted_effects']} "
         f"(duplicates {figures['receipted_duplicates']}); "

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 import django_pgjobs
@@ -211,8 +211,9 @@ def run_target(ctx: Context, name: str, fault: str, task: str, hold: str, round_
     if fault == "stop":
         target.resumed_after_takeover = bool(done)
         ctx.pool.resume(member)
-        lost = db.wait_until(lambda: Attempt.objects.filter(
-            lease_token=run.lease_token, outcome=AttemptOutcome.LOST).exists(), 30)
+        # Its late report is recorded lost, or beside the rescue's record of its attempt.
+        lost = db.wait_until(lambda: Attempt.objects.filter(lease_token=run.lease_token)
+            .exclude(reported_outcome="").exclude(reported_outcome=F("outcome")).exists(), 30)
         if not lost:
             ctx.record.notes.append(f"{key}: the resumed worker's late report never arrived")
     elif fault == "disconnect":

@@ -31,7 +31,7 @@ def succeeded(claimed, value: str) -> Outcome:
     return Outcome.succeeded(claimed, f'"{value}"', duration_ms=1)
 
 
-def test_a_stale_report_settled_in_one_batch_with_the_winning_report_is_recorded_lost():
+def test_a_stale_report_settled_in_one_batch_with_the_winning_one_changes_nothing():
     # A worker can hold both reports at once: its handler ran past the lease, the job was
     # rescued, and the retry was claimed and finished before the settler's next flush.
     job = django_pgjobs.enqueue("tests.ok", {})
@@ -47,7 +47,7 @@ def test_a_stale_report_settled_in_one_batch_with_the_winning_report_is_recorded
     assert won == {stale.lease_token: False, current.lease_token: True}
     assert list(Attempt.objects.filter(job_id=job.pk).order_by("id").values_list(
         "worker_id", "outcome", "reported_outcome")) == [
-        ("slow-worker", AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED),
+        ("slow-worker", AttemptOutcome.LEASE_EXPIRED, AttemptOutcome.SUCCEEDED),
         ("fast-worker", AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED),
     ]
     stored = Job.objects.get(pk=job.pk)
