@@ -10,8 +10,9 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg
 from django.db import DatabaseError, connections
+
+from .. import redaction
 
 
 def refresh_connection(using: str) -> None:
@@ -72,15 +73,10 @@ def database_error_text(exc: BaseException) -> str:
     """A database error as one line, without the DETAIL and CONTEXT parts of the server's report.
 
     Those parts quote the data that failed (a jsonb cast's CONTEXT echoes the JSON, results and
-    all), which must not reach a log; the primary message and SQLSTATE say what went wrong.
+    all), which must not reach a log; ``redaction.database_error_text`` keeps what went wrong.
     """
-    cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
-    diag = getattr(cause, "diag", None)
-    primary = getattr(diag, "message_primary", None)
-    if primary:
-        sqlstate = getattr(cause, "sqlstate", None)
-        return one_line(Exception(f"{primary} (SQLSTATE {sqlstate})" if sqlstate else primary))
-    return one_line(exc)
+    text = redaction.database_error_text(exc)
+    return one_line(exc) if text is None else one_line(Exception(text))
 
 
 class Outage:
