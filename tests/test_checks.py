@@ -39,6 +39,17 @@ def test_default_settings_pass() -> None:
     assert check_settings() == []
 
 
+def test_every_system_check_passes_without_django_contrib_postgres() -> None:
+    # The app needs nothing in INSTALLED_APPS beyond itself and the admin's usual apps: Django 6
+    # reports any GinIndex or postgres field of a project without django.contrib.postgres.
+    from django.apps import apps
+    from django.core import checks
+
+    assert not apps.is_installed("django.contrib.postgres")
+    errors = [m for m in checks.run_checks() if m.level >= checks.ERROR]
+    assert errors == []
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
