@@ -84,20 +84,37 @@ def test_a_client_killed_with_sigkill_leaves_no_server_once_the_last_live_user_e
     assert users(pgdata) == []
 
 
+def _in_group(process: psutil.Process, group: int) -> bool:
+    try:
+        return os.getpgid(process.pid) == group
+    except OSError:
+        return False
+
+
 def test_make_admin_keeps_the_server_only_while_it_runs(tmp_path: Path) -> None:
     pgdata = tmp_path / "pgdata"
     port = free_port()
     venv = Path(sys.prefix)
     # This interpreter's virtualenv, never rebuilt by make.
+    # Its output goes to a file: a pipe nobody reads while the test waits could fill and block
+    # the server's exit.
+    log = tmp_path / "admin.log"
     admin = subprocess.Popen(
         ["make", "--no-print-directory", "admin", f"ADMIN_PORT={port}", f"VENV={venv}",
          "-o", str(venv / ".installed")],
-        cwd=ROOT, env=environment(pgdata), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT, env=environment(pgdata), stdout=log.open("w"), stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+    def still_running() -> str:
+        """What is left of the command's process group, and what it printed."""
+        left = [f"{p.pid} {p.status()} {' '.join(p.cmdline())}"
+                for p in psutil.process_iter() if _in_group(p, admin.pid)]
+        return "\n".join(left) + "\n--- output:\n" + log.read_text()
+
     try:
         def serving() -> bool:
-            assert admin.poll() is None, admin.stderr.read().decode() if admin.stderr else ""
+            assert admin.poll() is None, log.read_text()
             try:
                 return urllib.request.urlopen(
                     f"http://127.0.0.1:{port}/admin/login/", timeout=5).status == 200
@@ -110,7 +127,10 @@ def test_make_admin_keeps_the_server_only_while_it_runs(tmp_path: Path) -> None:
         assert len(users(pgdata)) == 2  # the wrapper, and runserver
         # Ctrl-C in the terminal: SIGINT to the whole process group.
         os.killpg(admin.pid, signal.SIGINT)
-        admin.wait(120)
+        try:
+            admin.wait(120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"make admin still running 120 s after Ctrl-C:\n{still_running()}")
     finally:
         if admin.poll() is None:
             os.killpg(admin.pid, signal.SIGKILL)
