@@ -96,6 +96,10 @@ class Schedule(models.Model):
     last_skipped_at = models.DateTimeField(null=True, blank=True)
     last_skip_reason = models.CharField(max_length=16, choices=SkipReason.choices, blank=True,
                                         default="")
+    # Why the schedule's last pass failed (scrubbed, one line), and when; cleared by its next
+    # pass that succeeds. A failing schedule never stops a worker or the other schedules.
+    last_error = models.TextField(blank=True, default="")
+    last_error_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
