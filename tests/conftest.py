@@ -90,13 +90,18 @@ def start_worker(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..
         worker.stop()
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> object:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05, *,
+             what: Callable[[], str] | None = None) -> object:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds.
+
+    ``what`` says, when it fails, the state the test was waiting on.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
+            said = f": {what()}" if what is not None else ""
+            raise AssertionError(f"condition not met within {timeout}s{said}")
         time.sleep(interval)

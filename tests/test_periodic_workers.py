@@ -11,6 +11,7 @@ from datetime import timedelta
 from itertools import pairwise
 
 import pytest
+from django.db.models import Count
 from django.utils import timezone
 
 from django_pgjobs.models import Attempt, Job, Schedule
@@ -35,11 +36,21 @@ def ticks(schedule: Schedule) -> list:
                 .values_list("scheduled_at", flat=True))
 
 
+def state(schedules: list[Schedule], workers: list) -> str:
+    """The jobs of ``schedules`` by status, and the end of each worker's output."""
+    jobs = sorted(Job.objects.filter(schedule__in=schedules)
+                  .values_list("status").annotate(n=Count("id")))
+    tails = "\n".join(f"--- worker {w.pid}:\n" + "\n".join(w.output().splitlines()[-15:])
+                       for w in workers)
+    return f"jobs by status {jobs}\n{tails}"
+
+
 def settle_and_stop(schedules: list[Schedule], workers: list) -> None:
     """Pause the schedules, let their jobs finish, and stop the workers (each must exit 0)."""
     Schedule.objects.filter(pk__in=[s.pk for s in schedules]).update(paused_at=timezone.now())
     wait_for(lambda: not Job.objects.filter(
-        schedule__in=schedules, status__in=[JobStatus.READY, JobStatus.RUNNING]).exists(), 90)
+        schedule__in=schedules, status__in=[JobStatus.READY, JobStatus.RUNNING]).exists(), 90,
+        what=lambda: state(schedules, workers))
     for worker in workers:
         worker.signal(signal.SIGTERM)
     for worker in workers:
@@ -58,9 +69,11 @@ def test_four_workers_enqueue_exactly_one_job_per_tick_and_miss_none(start_worke
                             "--worker-id", f"w{i}", PGJOBS_SCHEDULE_INTERVAL_SECONDS="0.3")
                for i in range(4)]
     # At least 12 ticks, once every worker is up: all four race for each of them.
-    wait_for(lambda: all("worker.start" in w.output() for w in workers), 90)
+    wait_for(lambda: all("worker.start" in w.output() for w in workers), 90,
+             what=lambda: state([schedule], workers))
     started = Job.objects.filter(schedule=schedule).count()
-    wait_for(lambda: Job.objects.filter(schedule=schedule).count() >= started + 12, 90)
+    wait_for(lambda: Job.objects.filter(schedule=schedule).count() >= started + 12, 90,
+             what=lambda: state([schedule], workers))
     settle_and_stop([schedule], workers)
 
     got = ticks(schedule)
