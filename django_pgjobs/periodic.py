@@ -38,9 +38,15 @@ from .validation import escape_control, schedule_name_problem
 
 logger = logging.getLogger("django_pgjobs.schedules")
 
-# A schedule that cannot be enqueued (its payload or queue no longer passes) is logged at most
-# this often while it stays so; it shows as late meanwhile.
+# A schedule that cannot be enqueued (its payload or queue no longer passes), or whose ticks
+# cannot be planned, is logged at most this often while it stays so; it shows as late meanwhile.
 REFUSED_REMIND_SECONDS = 300.0
+# How long one pass may hold its schedule rows: any statement after the one that locks them,
+# and any wait between two of its statements. A worker stopped mid-pass loses its session after
+# this, its pass rolls back, and the next live worker's pass (one interval later) takes the rows.
+PASS_HOLD_SECONDS = 10
+# A schedule's ``last_error`` is cut to this many characters.
+LAST_ERROR_MAX_CHARS = 1000
 SETTINGS_KEYS = frozenset({"task", "cron", "payload", "timezone", "misfire", "catch_up_limit",
                            "overlap", "queue", "priority"})
 # The fields that define a schedule; an operator edits them on admin schedules only.
@@ -247,6 +253,7 @@ class _Due:
 
 
 _refused_logged_at: dict[str, float] = {}
+_failed_logged_at: dict[str, float] = {}
 
 
 def enqueue_due_ticks(
@@ -264,36 +271,27 @@ def enqueue_due_ticks(
     with transaction.atomic(using=using):
         with connections[using].cursor() as cursor:
             cursor.execute(sql.query("due_schedules"),
-                           {"now": now, "tasks": registry.names(), "limit": budget})
+                           {"now": now, "tasks": registry.names(), "limit": budget,
+                            "hold": f"{PASS_HOLD_SECONDS}s"})
             columns = [column.name for column in cursor.description]
             due = [_Due.read(columns, row) for row in cursor.fetchall()]
         specs: list[JobSpec] = []
         updates: list[dict[str, Any]] = []
+        failures: list[dict[str, Any]] = []
         for schedule in due:
             if handled >= budget:
                 break  # left locked until commit, untouched: the next pass takes it
-            if not _enqueueable(schedule):
+            try:
+                if not _enqueueable(schedule):
+                    continue
+                update = _planned(schedule, grace, budget - handled)
+            except Exception as exc:  # one schedule must not stop the others
+                failures.append({"id": schedule.id, "error": _failed(schedule, exc)})
                 continue
-            plan = plan_ticks(
-                schedule.cron, schedule.timezone, cursor=schedule.next_tick_at,
-                now=schedule.db_now, grace_seconds=grace, misfire=schedule.misfire,
-                catch_up_limit=schedule.catch_up_limit, limit=budget - handled,
-            )
-            run, skipped = list(plan.run), []
-            if schedule.overlap == OverlapPolicy.SKIP:
-                # One job at a time: none while the last one waits or runs, and of several due
-                # at once only the latest (the others would wait alongside it).
-                keep = 0 if schedule.previous_busy else 1
-                skipped, run = run[:len(run) - keep], run[len(run) - keep:]
-            handled += len(plan.run) + plan.missed
-            specs += [spec_for(schedule, Tick(schedule.id, tick)) for tick in run]
-            updates.append({
-                "id": schedule.id, "next_tick_at": plan.cursor,
-                "last_tick_at": plan.last_handled, "last_job_id": None,
-                "enqueued": len(run), "missed": plan.missed, "skipped": len(skipped),
-                **_last_skip(skipped, plan.passed_over),
-                "run": run, "skipped_ticks": skipped,
-            })
+            _failed_logged_at.pop(schedule.name, None)
+            handled += update["enqueued"] + update["skipped"] + update["missed"]
+            specs += [spec_for(schedule, Tick(schedule.id, tick)) for tick in update["run"]]
+            updates.append(update)
         jobs = enqueue_many(specs, using=using) if specs else []
         last_jobs = {job.schedule_id: job for job in jobs}
         for update in updates:
@@ -304,8 +302,55 @@ def enqueue_due_ticks(
                 cursor.execute(sql.query("advance_schedules"), [json.dumps(
                     [{k: v for k, v in u.items() if k not in ("run", "skipped_ticks")}
                      for u in updates], default=str)])
+        if failures:
+            with connections[using].cursor() as cursor:
+                cursor.execute(sql.query("record_schedule_errors"), [json.dumps(failures)])
     _log_pass(due, updates, jobs)
     return handled
+
+
+def _planned(schedule: _Due, grace: float, room: int) -> dict[str, Any]:
+    """What this pass does with ``schedule``: its ticks to run and skip, cursor and counters."""
+    plan = plan_ticks(
+        schedule.cron, schedule.timezone, cursor=schedule.next_tick_at,
+        now=schedule.db_now, grace_seconds=grace, misfire=schedule.misfire,
+        catch_up_limit=schedule.catch_up_limit, limit=room,
+    )
+    run, skipped = list(plan.run), []
+    if schedule.overlap == OverlapPolicy.SKIP:
+        # One job at a time: none while the last one waits or runs, and of several due at once
+        # only the latest (the others would wait alongside it).
+        keep = 0 if schedule.previous_busy else 1
+        skipped, run = run[:len(run) - keep], run[len(run) - keep:]
+    return {
+        "id": schedule.id, "next_tick_at": plan.cursor,
+        "last_tick_at": plan.last_handled, "last_job_id": None,
+        "enqueued": len(run), "missed": plan.missed, "skipped": len(skipped),
+        **_last_skip(skipped, plan.passed_over),
+        "run": run, "skipped_ticks": skipped,
+    }
+
+
+def _failed(schedule: _Due, exc: Exception) -> str:
+    """``exc`` as ``schedule.last_error`` keeps it: one line, scrubbed; log it (rarely)."""
+    text = redactor_for(schedule.task).text(f"{type(exc).__name__}: {exc}", schedule.payload)
+    text = escape_control(text)[:LAST_ERROR_MAX_CHARS]
+    # A lone surrogate has no place in PostgreSQL text.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if _remind(_failed_logged_at, schedule.name):
+        logger.error("schedule.failed name=%s task=%s: its ticks could not be planned (%s); its "
+                     "cursor stays, the other schedules go on, and it shows as late",
+                     schedule.name, schedule.task, text)
+    return text
+
+
+def _remind(logged_at: dict[str, float], name: str) -> bool:
+    """Whether a lasting problem of schedule ``name`` is due to be logged again."""
+    last = logged_at.get(name)
+    if last is not None and time.monotonic() - last < REFUSED_REMIND_SECONDS:
+        return False
+    logged_at[name] = time.monotonic()
+    return True
 
 
 def _last_skip(overlapped: list[datetime], missed: datetime | None) -> dict[str, Any]:
@@ -323,9 +368,7 @@ def _enqueueable(schedule: _Due) -> bool:
     try:
         validate(spec_for(schedule, Tick(schedule.id, schedule.next_tick_at)))
     except EnqueueError as exc:
-        last = _refused_logged_at.get(schedule.name)
-        if last is None or time.monotonic() - last >= REFUSED_REMIND_SECONDS:
-            _refused_logged_at[schedule.name] = time.monotonic()
+        if _remind(_refused_logged_at, schedule.name):
             logger.error("schedule.refused name=%s task=%s: its jobs are refused (%s); its "
                          "ticks wait, and it shows as late", schedule.name, schedule.task,
                          escape_control(str(exc)))
