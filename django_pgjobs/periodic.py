@@ -22,6 +22,7 @@ from itertools import islice
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import F
 
 from . import sql
 from .conf import settings
@@ -32,7 +33,7 @@ from .models import Schedule as ScheduleRow
 from .redaction import Redactor
 from .registry import redactor_for, registry
 from .status import OverlapPolicy, ScheduleSource, SkipReason
-from .ticks import Schedule, next_tick, next_ticks, plan_ticks, ticks_from
+from .ticks import Schedule, due_count, next_tick, next_ticks, plan_ticks, ticks_from
 from .transitions import CODE, Actor, audit_schedule_action, database_now
 from .validation import escape_control, schedule_name_problem
 
@@ -501,21 +502,25 @@ def save_schedule(
 ) -> None:
     """Save an operator's new or edited schedule and audit it, in one transaction.
 
-    The row must pass ``row_problem``. A new schedule, or one whose expression or zone
-    changed, ticks next at its first tick after now.
+    The row must pass ``row_problem``. ``before`` is the definition as the operator's form read
+    it: an edit writes only the fields that differ from it (and the name), under the row's
+    lock, so what workers wrote meanwhile (counters, last job, cursor) stays. A new schedule,
+    or one whose expression or zone changed, ticks next at its first tick after now; the ticks
+    of the old expression that were due and not yet enqueued count as missed.
     """
     problem = row_problem(row)
     if problem is not None:
         raise InvalidJobOption(problem)
-    before = before or {}
     with transaction.atomic(using=using):
-        now = database_now(using=using)
-        if created or any(before.get(f) != getattr(row, f) for f in ("cron", "timezone")):
-            row.next_tick_at = next_tick(row.cron, row.timezone, now)
         if created:
+            now = database_now(using=using)
+            row.next_tick_at = next_tick(row.cron, row.timezone, now)
             row.source = ScheduleSource.ADMIN
-        row.updated_at = now
-        row.save(using=using)
+            row.updated_at = now
+            row.save(using=using)
+            read: dict[str, Any] = {}
+        else:
+            read = _change(row, before, using)
         redactor = redactor_for(row.task)
         after = _definition(row, redactor)
         if created:
@@ -523,11 +528,50 @@ def save_schedule(
         else:
             kind = OperatorActionKind.SCHEDULE_CHANGE
             # Compared as stored, shown redacted: a changed secret shows as changed.
-            shown_before = {k: (redactor.payload(v) if k == "payload" else v)
-                            for k, v in before.items()}
-            detail = {"changed": {k: [shown_before[k], after[k]] for k in DEFINITION
-                                  if k in before and before[k] != getattr(row, k)}}
+            detail = {"changed": {
+                k: [redactor.payload(read[k]) if k == "payload" else read[k], after[k]]
+                for k in DEFINITION if k in read}}
         audit_schedule_action(kind, actor, "", [row.pk], 1, detail, using=using)
+
+
+def _change(row: ScheduleRow, before: dict[str, Any] | None, using: str) -> dict[str, Any]:
+    """Write the fields of ``row`` the operator changed from ``before``; return their old values.
+
+    Locks the row first (workers' passes hold it while they enqueue its ticks).
+    """
+    stored = ScheduleRow.objects.using(using).select_for_update().get(pk=row.pk)
+    now = database_now(using=using)
+    read = {f: (before[f] if before is not None and f in before else getattr(stored, f))
+            for f in ("name", *DEFINITION)}
+    edited = {f: getattr(row, f) for f, value in read.items() if getattr(row, f) != value}
+    changes: dict[str, Any] = {**edited, "updated_at": now}
+    cron, zone_name = edited.get("cron", stored.cron), edited.get("timezone", stored.timezone)
+    if (cron, zone_name) != (stored.cron, stored.timezone):
+        row.next_tick_at = changes["next_tick_at"] = next_tick(cron, zone_name, now)
+        changes.update(_dropped_ticks(stored, now))
+    ScheduleRow.objects.using(using).filter(pk=row.pk).update(**changes)
+    return {f: read[f] for f in edited}
+
+
+def _dropped_ticks(stored: ScheduleRow, now: datetime) -> dict[str, Any]:
+    """The counters of the due ticks an active schedule's old expression or zone no longer runs.
+
+    They were due (at or before now) and no pass had enqueued them yet: they are missed, as if
+    the misfire policy had passed them over, so every tick stays accounted for.
+    """
+    if stored.state != "active" or stored.next_tick_at is None or stored.next_tick_at > now:
+        return {}
+    try:
+        count, latest = due_count(stored.cron, stored.timezone, stored.next_tick_at, now)
+    except Exception:  # the old definition no longer reads: this edit is its fix
+        return {}
+    if not count:
+        return {}
+    logger.warning("schedule.missed name=%s ticks=%d policy=%s: its expression or zone changed "
+                   "before they were enqueued", stored.name, count, stored.misfire,
+                   extra={"pgjobs": {"schedule": stored.name, "missed": count}})
+    return {"ticks_missed": F("ticks_missed") + count, "last_skipped_at": latest,
+            "last_skip_reason": SkipReason.MISFIRE.value}
 
 
 def row_problem(row: ScheduleRow) -> str | None:

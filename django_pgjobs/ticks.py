@@ -203,6 +203,16 @@ def _ticks_before(
             yield instant
 
 
+def due_count(
+    cron: str, zone_name: str, start: datetime, now: datetime
+) -> tuple[int, datetime | None]:
+    """How many ticks fall in [start, now] (up to ``COUNT_MAX``), and the latest of them."""
+    latest = next(_ticks_before(cron, zone_name, now + _ONE_MICROSECOND, start), None)
+    if latest is None:
+        return 0, None
+    return _count(cron, zone_name, start, latest + _ONE_MICROSECOND), latest
+
+
 def _count(cron: str, zone_name: str, start: datetime, before: datetime) -> int:
     """Ticks in [start, before), counted up to ``COUNT_MAX``."""
     counted = 0
@@ -300,6 +310,7 @@ __all__ = [
     "MISFIRE_KEEPS",
     "Schedule",
     "TickPlan",
+    "due_count",
     "next_tick",
     "next_ticks",
     "plan_ticks",

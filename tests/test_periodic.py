@@ -26,6 +26,7 @@ from django_pgjobs.executor import execute
 from django_pgjobs.models import Job, OperatorAction
 from django_pgjobs.models import Schedule as ScheduleRow
 from django_pgjobs.periodic import (
+    DEFINITION,
     PASS_HOLD_SECONDS,
     ScheduleStep,
     declared_schedules,
@@ -33,6 +34,7 @@ from django_pgjobs.periodic import (
     pause_schedules,
     resume_schedules,
     run_schedules_now,
+    save_schedule,
     sync_declared,
 )
 from django_pgjobs.registry import registry
@@ -556,6 +558,79 @@ def test_pause_and_resume_are_guarded_and_audited_and_a_resume_skips_the_paused_
     # The ticks of the pause do not run: the next one is after now.
     assert active.next_tick_at > timezone.now() - timedelta(seconds=1)
     assert OperatorAction.objects.order_by("-id")[0].detail["resumed"] == [active.pk]
+
+
+def waiting_for_a_lock() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                       "AND datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
+def read_by_the_admin(schedule: ScheduleRow) -> tuple[ScheduleRow, dict[str, Any]]:
+    """The row and definition an operator's form starts from."""
+    row = fresh(schedule)
+    return row, {f: getattr(row, f) for f in DEFINITION}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_edit_saved_while_a_pass_holds_the_row_keeps_what_the_pass_wrote(
+    stopped_pass,
+) -> None:
+    schedule = ScheduleFactory(next_tick_at=at(0), overlap="skip", payload={"v": 1})
+    row, before = read_by_the_admin(schedule)
+    stopped = stopped_pass(at(0.5))  # a pass holds the row, about to enqueue tick 0
+    row.payload = {"v": 2}
+    saving = threading.Thread(target=lambda: (save_schedule(row, created=False, before=before),
+                                              connections.close_all()))
+    saving.start()
+    wait_for(waiting_for_a_lock, 30)  # the save waits for the pass
+    stopped.release.set()
+    stopped.join(30)
+    saving.join(30)
+    assert stopped.error is None and not saving.is_alive()
+    [job] = Job.objects.filter(schedule=schedule)
+    saved = fresh(schedule)
+    assert saved.payload == {"v": 2}
+    assert (saved.ticks_enqueued, saved.last_job_id, saved.last_tick_at, saved.next_tick_at) == (
+        1, job.pk, at(0), at(1))
+    # Overlap skip still sees tick 0's job waiting: tick 1 is skipped, not run beside it.
+    enqueue_due_ticks(now=at(1.5))
+    assert ticks_of(schedule) == [at(0)]
+    assert fresh(schedule).ticks_skipped == 1
+
+
+def test_an_edit_writes_only_the_fields_the_operator_changed() -> None:
+    schedule = ScheduleFactory(next_tick_at=at(0), priority=3)
+    row, before = read_by_the_admin(schedule)
+    ScheduleRow.objects.filter(pk=schedule.pk).update(priority=5)  # another operator's edit
+    enqueue_due_ticks(now=at(2.5))
+    row.queue = "reports"
+    save_schedule(row, created=False, before=before, actor=Actor("ada"))
+    saved = fresh(schedule)
+    assert (saved.queue, saved.priority) == ("reports", 5)
+    assert (saved.ticks_enqueued, saved.next_tick_at, saved.last_tick_at) == (3, at(3), at(2))
+    assert OperatorAction.objects.get().detail == {"changed": {"queue": ["", "reports"]}}
+
+
+def test_a_new_cron_counts_the_old_ones_due_ticks_as_missed(caplog) -> None:
+    midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    schedule = ScheduleFactory(cron="0 0 * * *", next_tick_at=midnight - timedelta(days=3))
+    paused = ScheduleFactory(cron="0 0 * * *", next_tick_at=midnight - timedelta(days=3),
+                             paused_at=midnight)
+    for row, before in (read_by_the_admin(schedule), read_by_the_admin(paused)):
+        row.cron = "30 1 * * *"
+        with caplog.at_level(logging.WARNING, logger="django_pgjobs.schedules"):
+            save_schedule(row, created=False, before=before)
+    # Three days ago, two, yesterday and today at midnight were due and never enqueued.
+    saved = fresh(schedule)
+    assert (saved.ticks_missed, saved.last_skipped_at, saved.last_skip_reason) == (
+        4, midnight, "misfire")
+    assert saved.next_tick_at > timezone.now() - timedelta(seconds=1)
+    assert caplog.messages == [f"schedule.missed name={schedule.name} ticks=4 policy=skip: its "
+                               "expression or zone changed before they were enqueued"]
+    # A paused schedule's ticks never run, and are not counted (a resume skips them too).
+    assert (fresh(paused).ticks_missed, fresh(paused).last_skip_reason) == (0, "")
 
 
 def test_run_now_enqueues_one_job_per_schedule_at_the_time_asked_and_audits_it() -> None:
