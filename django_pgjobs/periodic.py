@@ -22,6 +22,7 @@ from itertools import islice
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import F
 
 from . import sql
 from .conf import settings
@@ -32,15 +33,21 @@ from .models import Schedule as ScheduleRow
 from .redaction import Redactor
 from .registry import redactor_for, registry
 from .status import OverlapPolicy, ScheduleSource, SkipReason
-from .ticks import Schedule, next_tick, next_ticks, plan_ticks, ticks_from
+from .ticks import Schedule, due_count, next_tick, next_ticks, plan_ticks, ticks_from
 from .transitions import CODE, Actor, audit_schedule_action, database_now
 from .validation import escape_control, schedule_name_problem
 
 logger = logging.getLogger("django_pgjobs.schedules")
 
-# A schedule that cannot be enqueued (its payload or queue no longer passes) is logged at most
-# this often while it stays so; it shows as late meanwhile.
+# A schedule that cannot be enqueued (its payload or queue no longer passes), or whose ticks
+# cannot be planned, is logged at most this often while it stays so; it shows as late meanwhile.
 REFUSED_REMIND_SECONDS = 300.0
+# How long one pass may hold its schedule rows: any statement after the one that locks them,
+# and any wait between two of its statements. A worker stopped mid-pass loses its session after
+# this, its pass rolls back, and the next live worker's pass (one interval later) takes the rows.
+PASS_HOLD_SECONDS = 10
+# A schedule's ``last_error`` is cut to this many characters.
+LAST_ERROR_MAX_CHARS = 1000
 SETTINGS_KEYS = frozenset({"task", "cron", "payload", "timezone", "misfire", "catch_up_limit",
                            "overlap", "queue", "priority"})
 # The fields that define a schedule; an operator edits them on admin schedules only.
@@ -247,6 +254,7 @@ class _Due:
 
 
 _refused_logged_at: dict[str, float] = {}
+_failed_logged_at: dict[str, float] = {}
 
 
 def enqueue_due_ticks(
@@ -264,36 +272,27 @@ def enqueue_due_ticks(
     with transaction.atomic(using=using):
         with connections[using].cursor() as cursor:
             cursor.execute(sql.query("due_schedules"),
-                           {"now": now, "tasks": registry.names(), "limit": budget})
+                           {"now": now, "tasks": registry.names(), "limit": budget,
+                            "hold": f"{PASS_HOLD_SECONDS}s"})
             columns = [column.name for column in cursor.description]
             due = [_Due.read(columns, row) for row in cursor.fetchall()]
         specs: list[JobSpec] = []
         updates: list[dict[str, Any]] = []
+        failures: list[dict[str, Any]] = []
         for schedule in due:
             if handled >= budget:
                 break  # left locked until commit, untouched: the next pass takes it
-            if not _enqueueable(schedule):
+            try:
+                if not _enqueueable(schedule):
+                    continue
+                update = _planned(schedule, grace, budget - handled)
+            except Exception as exc:  # one schedule must not stop the others
+                failures.append({"id": schedule.id, "error": _failed(schedule, exc)})
                 continue
-            plan = plan_ticks(
-                schedule.cron, schedule.timezone, cursor=schedule.next_tick_at,
-                now=schedule.db_now, grace_seconds=grace, misfire=schedule.misfire,
-                catch_up_limit=schedule.catch_up_limit, limit=budget - handled,
-            )
-            run, skipped = list(plan.run), []
-            if schedule.overlap == OverlapPolicy.SKIP:
-                # One job at a time: none while the last one waits or runs, and of several due
-                # at once only the latest (the others would wait alongside it).
-                keep = 0 if schedule.previous_busy else 1
-                skipped, run = run[:len(run) - keep], run[len(run) - keep:]
-            handled += len(plan.run) + plan.missed
-            specs += [spec_for(schedule, Tick(schedule.id, tick)) for tick in run]
-            updates.append({
-                "id": schedule.id, "next_tick_at": plan.cursor,
-                "last_tick_at": plan.last_handled, "last_job_id": None,
-                "enqueued": len(run), "missed": plan.missed, "skipped": len(skipped),
-                **_last_skip(skipped, plan.passed_over),
-                "run": run, "skipped_ticks": skipped,
-            })
+            _failed_logged_at.pop(schedule.name, None)
+            handled += update["enqueued"] + update["skipped"] + update["missed"]
+            specs += [spec_for(schedule, Tick(schedule.id, tick)) for tick in update["run"]]
+            updates.append(update)
         jobs = enqueue_many(specs, using=using) if specs else []
         last_jobs = {job.schedule_id: job for job in jobs}
         for update in updates:
@@ -304,8 +303,55 @@ def enqueue_due_ticks(
                 cursor.execute(sql.query("advance_schedules"), [json.dumps(
                     [{k: v for k, v in u.items() if k not in ("run", "skipped_ticks")}
                      for u in updates], default=str)])
+        if failures:
+            with connections[using].cursor() as cursor:
+                cursor.execute(sql.query("record_schedule_errors"), [json.dumps(failures)])
     _log_pass(due, updates, jobs)
     return handled
+
+
+def _planned(schedule: _Due, grace: float, room: int) -> dict[str, Any]:
+    """What this pass does with ``schedule``: its ticks to run and skip, cursor and counters."""
+    plan = plan_ticks(
+        schedule.cron, schedule.timezone, cursor=schedule.next_tick_at,
+        now=schedule.db_now, grace_seconds=grace, misfire=schedule.misfire,
+        catch_up_limit=schedule.catch_up_limit, limit=room,
+    )
+    run, skipped = list(plan.run), []
+    if schedule.overlap == OverlapPolicy.SKIP:
+        # One job at a time: none while the last one waits or runs, and of several due at once
+        # only the latest (the others would wait alongside it).
+        keep = 0 if schedule.previous_busy else 1
+        skipped, run = run[:len(run) - keep], run[len(run) - keep:]
+    return {
+        "id": schedule.id, "next_tick_at": plan.cursor,
+        "last_tick_at": plan.last_handled, "last_job_id": None,
+        "enqueued": len(run), "missed": plan.missed, "skipped": len(skipped),
+        **_last_skip(skipped, plan.passed_over),
+        "run": run, "skipped_ticks": skipped,
+    }
+
+
+def _failed(schedule: _Due, exc: Exception) -> str:
+    """``exc`` as ``schedule.last_error`` keeps it: one line, scrubbed; log it (rarely)."""
+    text = redactor_for(schedule.task).text(f"{type(exc).__name__}: {exc}", schedule.payload)
+    text = escape_control(text)[:LAST_ERROR_MAX_CHARS]
+    # A lone surrogate has no place in PostgreSQL text.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if _remind(_failed_logged_at, schedule.name):
+        logger.error("schedule.failed name=%s task=%s: its ticks could not be planned (%s); its "
+                     "cursor stays, the other schedules go on, and it shows as late",
+                     schedule.name, schedule.task, text)
+    return text
+
+
+def _remind(logged_at: dict[str, float], name: str) -> bool:
+    """Whether a lasting problem of schedule ``name`` is due to be logged again."""
+    last = logged_at.get(name)
+    if last is not None and time.monotonic() - last < REFUSED_REMIND_SECONDS:
+        return False
+    logged_at[name] = time.monotonic()
+    return True
 
 
 def _last_skip(overlapped: list[datetime], missed: datetime | None) -> dict[str, Any]:
@@ -323,9 +369,7 @@ def _enqueueable(schedule: _Due) -> bool:
     try:
         validate(spec_for(schedule, Tick(schedule.id, schedule.next_tick_at)))
     except EnqueueError as exc:
-        last = _refused_logged_at.get(schedule.name)
-        if last is None or time.monotonic() - last >= REFUSED_REMIND_SECONDS:
-            _refused_logged_at[schedule.name] = time.monotonic()
+        if _remind(_refused_logged_at, schedule.name):
             logger.error("schedule.refused name=%s task=%s: its jobs are refused (%s); its "
                          "ticks wait, and it shows as late", schedule.name, schedule.task,
                          escape_control(str(exc)))
@@ -458,21 +502,25 @@ def save_schedule(
 ) -> None:
     """Save an operator's new or edited schedule and audit it, in one transaction.
 
-    The row must pass ``row_problem``. A new schedule, or one whose expression or zone
-    changed, ticks next at its first tick after now.
+    The row must pass ``row_problem``. ``before`` is the definition as the operator's form read
+    it: an edit writes only the fields that differ from it (and the name), under the row's
+    lock, so what workers wrote meanwhile (counters, last job, cursor) stays. A new schedule,
+    or one whose expression or zone changed, ticks next at its first tick after now; the ticks
+    of the old expression that were due and not yet enqueued count as missed.
     """
     problem = row_problem(row)
     if problem is not None:
         raise InvalidJobOption(problem)
-    before = before or {}
     with transaction.atomic(using=using):
-        now = database_now(using=using)
-        if created or any(before.get(f) != getattr(row, f) for f in ("cron", "timezone")):
-            row.next_tick_at = next_tick(row.cron, row.timezone, now)
         if created:
+            now = database_now(using=using)
+            row.next_tick_at = next_tick(row.cron, row.timezone, now)
             row.source = ScheduleSource.ADMIN
-        row.updated_at = now
-        row.save(using=using)
+            row.updated_at = now
+            row.save(using=using)
+            read: dict[str, Any] = {}
+        else:
+            read = _change(row, before, using)
         redactor = redactor_for(row.task)
         after = _definition(row, redactor)
         if created:
@@ -480,11 +528,50 @@ def save_schedule(
         else:
             kind = OperatorActionKind.SCHEDULE_CHANGE
             # Compared as stored, shown redacted: a changed secret shows as changed.
-            shown_before = {k: (redactor.payload(v) if k == "payload" else v)
-                            for k, v in before.items()}
-            detail = {"changed": {k: [shown_before[k], after[k]] for k in DEFINITION
-                                  if k in before and before[k] != getattr(row, k)}}
+            detail = {"changed": {
+                k: [redactor.payload(read[k]) if k == "payload" else read[k], after[k]]
+                for k in DEFINITION if k in read}}
         audit_schedule_action(kind, actor, "", [row.pk], 1, detail, using=using)
+
+
+def _change(row: ScheduleRow, before: dict[str, Any] | None, using: str) -> dict[str, Any]:
+    """Write the fields of ``row`` the operator changed from ``before``; return their old values.
+
+    Locks the row first (workers' passes hold it while they enqueue its ticks).
+    """
+    stored = ScheduleRow.objects.using(using).select_for_update().get(pk=row.pk)
+    now = database_now(using=using)
+    read = {f: (before[f] if before is not None and f in before else getattr(stored, f))
+            for f in ("name", *DEFINITION)}
+    edited = {f: getattr(row, f) for f, value in read.items() if getattr(row, f) != value}
+    changes: dict[str, Any] = {**edited, "updated_at": now}
+    cron, zone_name = edited.get("cron", stored.cron), edited.get("timezone", stored.timezone)
+    if (cron, zone_name) != (stored.cron, stored.timezone):
+        row.next_tick_at = changes["next_tick_at"] = next_tick(cron, zone_name, now)
+        changes.update(_dropped_ticks(stored, now))
+    ScheduleRow.objects.using(using).filter(pk=row.pk).update(**changes)
+    return {f: read[f] for f in edited}
+
+
+def _dropped_ticks(stored: ScheduleRow, now: datetime) -> dict[str, Any]:
+    """The counters of the due ticks an active schedule's old expression or zone no longer runs.
+
+    They were due (at or before now) and no pass had enqueued them yet: they are missed, as if
+    the misfire policy had passed them over, so every tick stays accounted for.
+    """
+    if stored.state != "active" or stored.next_tick_at is None or stored.next_tick_at > now:
+        return {}
+    try:
+        count, latest = due_count(stored.cron, stored.timezone, stored.next_tick_at, now)
+    except Exception:  # the old definition no longer reads: this edit is its fix
+        return {}
+    if not count:
+        return {}
+    logger.warning("schedule.missed name=%s ticks=%d policy=%s: its expression or zone changed "
+                   "before they were enqueued", stored.name, count, stored.misfire,
+                   extra={"pgjobs": {"schedule": stored.name, "missed": count}})
+    return {"ticks_missed": F("ticks_missed") + count, "last_skipped_at": latest,
+            "last_skip_reason": SkipReason.MISFIRE.value}
 
 
 def row_problem(row: ScheduleRow) -> str | None:

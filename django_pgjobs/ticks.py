@@ -171,7 +171,9 @@ def _missed_ticks(
     skipped_ahead = 0
     # Far more missed ticks than kept (a per-second schedule down for days): start the walk
     # shortly before the kept ones instead of at the cursor, and count the rest up to the cap.
-    kth = next(islice(_ticks_before(cron, zone_name, before), keep, None), None)
+    # The reverse walk stops at the cursor: a yearly schedule that keeps 5,000 would otherwise
+    # walk back past year 1.
+    kth = next(islice(_ticks_before(cron, zone_name, before, start), keep, None), None)
     if kth is not None and kth - _REVERSE_MARGIN > start:
         walk_from = kth - _REVERSE_MARGIN
         skipped_ahead = _count(cron, zone_name, start, walk_from)
@@ -188,12 +190,27 @@ def _missed_ticks(
     return kept, min(skipped_ahead + walked - len(kept), COUNT_MAX), latest, passed_over
 
 
-def _ticks_before(cron: str, zone_name: str, before: datetime) -> Iterator[datetime]:
+def _ticks_before(
+    cron: str, zone_name: str, before: datetime, start: datetime
+) -> Iterator[datetime]:
+    """The ticks in [start, before), latest first."""
     before = before.astimezone(UTC)
     for tick in CronSim(cron, before.astimezone(zone(zone_name)), reverse=True):
         instant = tick.astimezone(UTC)
+        if instant < start:
+            return
         if instant < before:
             yield instant
+
+
+def due_count(
+    cron: str, zone_name: str, start: datetime, now: datetime
+) -> tuple[int, datetime | None]:
+    """How many ticks fall in [start, now] (up to ``COUNT_MAX``), and the latest of them."""
+    latest = next(_ticks_before(cron, zone_name, now + _ONE_MICROSECOND, start), None)
+    if latest is None:
+        return 0, None
+    return _count(cron, zone_name, start, latest + _ONE_MICROSECOND), latest
 
 
 def _count(cron: str, zone_name: str, start: datetime, before: datetime) -> int:
@@ -293,6 +310,7 @@ __all__ = [
     "MISFIRE_KEEPS",
     "Schedule",
     "TickPlan",
+    "due_count",
     "next_tick",
     "next_ticks",
     "plan_ticks",

@@ -7,32 +7,40 @@ exactly; what the database decides (locks, the unique index) is exercised for re
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, connections, transaction
 from django.utils import timezone
 
 import django_pgjobs
-from django_pgjobs import Schedule
+from django_pgjobs import Schedule, periodic
 from django_pgjobs.context import JobContext
 from django_pgjobs.enqueuing import JobSpec, Tick, enqueue_many
 from django_pgjobs.executor import execute
 from django_pgjobs.models import Job, OperatorAction
 from django_pgjobs.models import Schedule as ScheduleRow
 from django_pgjobs.periodic import (
+    DEFINITION,
+    PASS_HOLD_SECONDS,
     ScheduleStep,
     declared_schedules,
     enqueue_due_ticks,
     pause_schedules,
     resume_schedules,
     run_schedules_now,
+    save_schedule,
     sync_declared,
 )
 from django_pgjobs.registry import registry
 from django_pgjobs.status import JobStatus, ScheduleSource
-from django_pgjobs.transitions import Actor, claim_jobs
+from django_pgjobs.transitions import Actor, claim_jobs, database_now
+from tests.conftest import MANAGE, ROOT, wait_for, worker_env
 from tests.factories import JobFactory, ScheduleFactory
 
 pytestmark = pytest.mark.django_db
@@ -148,6 +156,154 @@ def test_a_schedule_whose_jobs_enqueue_refuses_waits_and_says_why(settings, capl
     [line] = [r.getMessage() for r in caplog.records]
     assert line.startswith(f"schedule.refused name={bad.name} task=tests.when: its jobs are "
                            "refused (unknown queue 'reports'")
+
+
+# --- a schedule that fails ----------------------------------------------------------------------
+
+
+def test_a_schedule_whose_ticks_cannot_be_planned_is_recorded_and_the_others_go_on(
+    caplog,
+) -> None:
+    # A zone gone from the tzdata of an upgraded host (with a secret in its name, to show that
+    # the error is scrubbed).
+    broken = ScheduleFactory(next_tick_at=at(0), payload={})
+    ScheduleRow.objects.filter(pk=broken.pk).update(timezone="Gone/Zone password=hunter2")
+    healthy = ScheduleFactory(cron="* * * * *", next_tick_at=at(0))
+    # Rare ticks caught up with big limits once walked back past year 1.
+    yearly = ScheduleFactory(cron="0 0 1 1 *", misfire="catch_up", catch_up_limit=5_000,
+                             next_tick_at=datetime(2026, 1, 1, tzinfo=UTC))
+    leap = ScheduleFactory(cron="0 0 29 2 *", misfire="catch_up", catch_up_limit=10_000,
+                           next_tick_at=datetime(2024, 2, 29, tzinfo=UTC))
+    started = database_now()
+    with caplog.at_level(logging.ERROR, logger="django_pgjobs.schedules"):
+        assert enqueue_due_ticks(now=at(0.5)) == 3
+        enqueue_due_ticks(now=at(1.5))
+    assert ticks_of(healthy) == [at(0)]
+    assert ticks_of(yearly) == [datetime(2026, 1, 1, tzinfo=UTC)]
+    assert ticks_of(leap) == [datetime(2024, 2, 29, tzinfo=UTC)]
+    assert ticks_of(broken) == []
+    row = fresh(broken)
+    assert row.next_tick_at == at(0) and row.ticks_enqueued == row.ticks_missed == 0
+    error = ("ZoneInfoNotFoundError: 'No time zone found with key Gone/Zone password="
+             "[redacted]'")
+    assert row.last_error == error
+    assert row.last_error_at is not None and row.last_error_at >= started
+    assert fresh(healthy).last_error == "" and fresh(healthy).last_error_at is None
+    # Logged once while it lasts, not on every pass.
+    assert [r.getMessage() for r in caplog.records] == [
+        f"schedule.failed name={broken.name} task=tests.when: its ticks could not be planned "
+        f"({error}); its cursor stays, the other schedules go on, and it shows as late"]
+
+    ScheduleRow.objects.filter(pk=broken.pk).update(timezone="UTC")
+    enqueue_due_ticks(now=at(1.5))
+    row = fresh(broken)
+    assert ticks_of(broken) == [at(0), at(1)]
+    assert (row.last_error, row.last_error_at) == ("", None)
+
+
+def test_a_schedules_error_is_kept_on_one_line_without_its_payloads_secrets(monkeypatch) -> None:
+    schedule = ScheduleFactory(next_tick_at=at(0), payload={"api_key": "k-4242-secret"})
+
+    def fails(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("cannot plan\nwith k-4242-secret\x00")
+
+    monkeypatch.setattr(periodic, "plan_ticks", fails)
+    enqueue_due_ticks(now=at(0.5))
+    assert fresh(schedule).last_error == "ValueError: cannot plan\\nwith [redacted]\\x00"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_starts_and_exits_zero_beside_a_schedule_that_cannot_be_planned() -> None:
+    now = timezone.now()
+    minute = now.replace(second=0, microsecond=0)
+    healthy = ScheduleRow.objects.create(
+        name="fails.healthy", task="demo.tick", cron="* * * * *", next_tick_at=minute,
+        payload={"schedule": "fails.healthy"})
+    yearly = ScheduleRow.objects.create(
+        name="fails.yearly", task="demo.tick", cron="0 0 1 1 *", misfire="catch_up",
+        catch_up_limit=10_000, next_tick_at=datetime(now.year, 1, 1, tzinfo=UTC))
+    broken = ScheduleRow.objects.create(
+        name="fails.broken", task="demo.tick", cron="* * * * *", next_tick_at=minute)
+    ScheduleRow.objects.filter(pk=broken.pk).update(timezone="Gone/Zone")
+    result = subprocess.run(
+        [sys.executable, str(MANAGE), "pgjobs_worker", "--burst"], cwd=ROOT,
+        env=worker_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert ticks_of(healthy) == [minute]
+    assert ticks_of(yearly) == [datetime(now.year, 1, 1, tzinfo=UTC)]
+    assert fresh(broken).last_error.startswith("ZoneInfoNotFoundError: ")
+    assert "schedule.failed name=fails.broken task=demo.tick" in result.stderr
+
+
+# --- a pass that stops ---------------------------------------------------------------------------
+
+
+class StoppedPass(threading.Thread):
+    """A pass, on a connection of its own, that stops once it holds its rows, until released.
+
+    It stands for a worker stopped (SIGSTOP, a frozen host) between two statements of its pass.
+    """
+
+    def __init__(self, now: datetime) -> None:
+        super().__init__(daemon=True)
+        self.now = now
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            enqueue_due_ticks(now=self.now)
+        except BaseException as exc:  # read by the test
+            self.error = exc
+        finally:
+            connections.close_all()
+
+    def plan_ticks(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def plan(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is self:
+                self.holding.set()
+                self.release.wait(120)
+            return real(*args, **kwargs)
+        return plan
+
+
+@pytest.fixture
+def stopped_pass(monkeypatch) -> Iterator[Callable[[datetime], StoppedPass]]:
+    started: list[StoppedPass] = []
+
+    def start(now: datetime) -> StoppedPass:
+        stopped = StoppedPass(now)
+        monkeypatch.setattr(periodic, "plan_ticks", stopped.plan_ticks(periodic.plan_ticks))
+        stopped.start()
+        assert stopped.holding.wait(30)
+        started.append(stopped)
+        return stopped
+
+    yield start
+    for stopped in started:
+        stopped.release.set()
+        stopped.join(30)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_stopped_while_it_holds_the_rows_loses_them_and_another_pass_runs_the_ticks(
+    stopped_pass,
+) -> None:
+    schedule = ScheduleFactory(next_tick_at=at(0))
+    stopped = stopped_pass(at(0.5))
+    # While it is stopped, other passes skip the row; the server ends the stopped one's
+    # session after PASS_HOLD_SECONDS, and the next pass takes the tick.
+    wait_for(lambda: enqueue_due_ticks(now=at(0.5)) == 1, 6 * PASS_HOLD_SECONDS)
+    assert ticks_of(schedule) == [at(0)]
+    stopped.release.set()
+    stopped.join(30)
+    assert isinstance(stopped.error, DatabaseError)  # its pass rolled back
+    schedule = fresh(schedule)
+    assert (schedule.ticks_enqueued, schedule.next_tick_at) == (1, at(1))
 
 
 # --- misfire -------------------------------------------------------------------------------------
@@ -402,6 +558,79 @@ def test_pause_and_resume_are_guarded_and_audited_and_a_resume_skips_the_paused_
     # The ticks of the pause do not run: the next one is after now.
     assert active.next_tick_at > timezone.now() - timedelta(seconds=1)
     assert OperatorAction.objects.order_by("-id")[0].detail["resumed"] == [active.pk]
+
+
+def waiting_for_a_lock() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                       "AND datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
+def read_by_the_admin(schedule: ScheduleRow) -> tuple[ScheduleRow, dict[str, Any]]:
+    """The row and definition an operator's form starts from."""
+    row = fresh(schedule)
+    return row, {f: getattr(row, f) for f in DEFINITION}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_edit_saved_while_a_pass_holds_the_row_keeps_what_the_pass_wrote(
+    stopped_pass,
+) -> None:
+    schedule = ScheduleFactory(next_tick_at=at(0), overlap="skip", payload={"v": 1})
+    row, before = read_by_the_admin(schedule)
+    stopped = stopped_pass(at(0.5))  # a pass holds the row, about to enqueue tick 0
+    row.payload = {"v": 2}
+    saving = threading.Thread(target=lambda: (save_schedule(row, created=False, before=before),
+                                              connections.close_all()))
+    saving.start()
+    wait_for(waiting_for_a_lock, 30)  # the save waits for the pass
+    stopped.release.set()
+    stopped.join(30)
+    saving.join(30)
+    assert stopped.error is None and not saving.is_alive()
+    [job] = Job.objects.filter(schedule=schedule)
+    saved = fresh(schedule)
+    assert saved.payload == {"v": 2}
+    assert (saved.ticks_enqueued, saved.last_job_id, saved.last_tick_at, saved.next_tick_at) == (
+        1, job.pk, at(0), at(1))
+    # Overlap skip still sees tick 0's job waiting: tick 1 is skipped, not run beside it.
+    enqueue_due_ticks(now=at(1.5))
+    assert ticks_of(schedule) == [at(0)]
+    assert fresh(schedule).ticks_skipped == 1
+
+
+def test_an_edit_writes_only_the_fields_the_operator_changed() -> None:
+    schedule = ScheduleFactory(next_tick_at=at(0), priority=3)
+    row, before = read_by_the_admin(schedule)
+    ScheduleRow.objects.filter(pk=schedule.pk).update(priority=5)  # another operator's edit
+    enqueue_due_ticks(now=at(2.5))
+    row.queue = "reports"
+    save_schedule(row, created=False, before=before, actor=Actor("ada"))
+    saved = fresh(schedule)
+    assert (saved.queue, saved.priority) == ("reports", 5)
+    assert (saved.ticks_enqueued, saved.next_tick_at, saved.last_tick_at) == (3, at(3), at(2))
+    assert OperatorAction.objects.get().detail == {"changed": {"queue": ["", "reports"]}}
+
+
+def test_a_new_cron_counts_the_old_ones_due_ticks_as_missed(caplog) -> None:
+    midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    schedule = ScheduleFactory(cron="0 0 * * *", next_tick_at=midnight - timedelta(days=3))
+    paused = ScheduleFactory(cron="0 0 * * *", next_tick_at=midnight - timedelta(days=3),
+                             paused_at=midnight)
+    for row, before in (read_by_the_admin(schedule), read_by_the_admin(paused)):
+        row.cron = "30 1 * * *"
+        with caplog.at_level(logging.WARNING, logger="django_pgjobs.schedules"):
+            save_schedule(row, created=False, before=before)
+    # Three days ago, two, yesterday and today at midnight were due and never enqueued.
+    saved = fresh(schedule)
+    assert (saved.ticks_missed, saved.last_skipped_at, saved.last_skip_reason) == (
+        4, midnight, "misfire")
+    assert saved.next_tick_at > timezone.now() - timedelta(seconds=1)
+    assert caplog.messages == [f"schedule.missed name={schedule.name} ticks=4 policy=skip: its "
+                               "expression or zone changed before they were enqueued"]
+    # A paused schedule's ticks never run, and are not counted (a resume skips them too).
+    assert (fresh(paused).ticks_missed, fresh(paused).last_skip_reason) == (0, "")
 
 
 def test_run_now_enqueues_one_job_per_schedule_at_the_time_asked_and_audits_it() -> None:

@@ -112,6 +112,20 @@ def test_a_long_outage_is_handled_in_bounded_work_and_counts_at_most_the_cap() -
     assert seconds(skip.run) == [57, 58, 59, 0]
 
 
+@pytest.mark.parametrize(("cron", "cursor", "missed_ticks"), [
+    ("0 0 1 1 *", utc(2025, 1, 1), [utc(2025, 1, 1), utc(2026, 1, 1)]),
+    ("0 0 29 2 *", utc(2020, 2, 29), [utc(2020, 2, 29), utc(2024, 2, 29)]),
+])
+@pytest.mark.parametrize("limit", [500, 2_025, 10_000])
+def test_a_rare_tick_caught_up_with_a_big_limit_walks_back_no_further_than_the_cursor(
+    cron: str, cursor: datetime, missed_ticks: list[datetime], limit: int
+) -> None:
+    # Walking back `limit` ticks of a yearly expression would pass year 1.
+    result = plan(cron, cursor=cursor, now=NOW, misfire="catch_up", catch_up_limit=limit)
+    assert (list(result.run), result.missed) == (missed_ticks, 0)
+    assert result.cursor == next(ticks_after(cron, "UTC", NOW))
+
+
 def test_seconds_level_expressions_tick_on_their_seconds() -> None:
     ticks = next_ticks("*/15 * * * * *", "UTC", utc(2026, 1, 1, 0, 0, 7), 5)
     assert [(t.minute, t.second) for t in ticks] == [(0, 15), (0, 30), (0, 45), (1, 0), (1, 15)]

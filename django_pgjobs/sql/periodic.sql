@@ -6,7 +6,16 @@
 -- for it. After a lock is won the row is re-read, so a cursor another worker just moved past
 -- now is not due any more. previous_busy: the overlap rule's question, whether the schedule's
 -- last job still waits or runs. %(now)s is NULL in production (the database clock); tests
--- pass an instant to walk a schedule through a day.
+-- pass an instant to walk a schedule through a day. The statement that locks the rows also
+-- bounds how long this transaction may hold them (set_config(..., true) is SET LOCAL, so it
+-- ends with the transaction, and holds under PgBouncer's transaction pooling): a later
+-- statement that runs longer than %(hold)s is cancelled, and a worker that stops sending for
+-- longer (stopped, frozen, cut off) loses its session, which rolls the pass back and frees the
+-- rows for the next worker's pass.
+WITH hold AS MATERIALIZED (
+    SELECT set_config('idle_in_transaction_session_timeout', %(hold)s, true),
+           set_config('statement_timeout', %(hold)s, true)
+)
 SELECT s.id, s.name, s.task, s.cron, s.timezone, s.payload, s.queue, s.priority, s.misfire,
        s.catch_up_limit, s.overlap, s.next_tick_at, s.last_job_id,
        s.overlap = 'skip' AND EXISTS (
@@ -15,7 +24,7 @@ SELECT s.id, s.name, s.task, s.cron, s.timezone, s.payload, s.queue, s.priority,
              AND j.status IN ('scheduled', 'ready', 'running', 'retrying')
        ) AS previous_busy,
        COALESCE(%(now)s::timestamptz, now()) AS db_now
-FROM pgjobs_schedule AS s
+FROM pgjobs_schedule AS s, hold
 WHERE s.paused_at IS NULL AND s.retired_at IS NULL AND s.next_tick_at IS NOT NULL
   AND s.next_tick_at <= COALESCE(%(now)s::timestamptz, now())
   AND s.task = ANY(%(tasks)s::text[])
@@ -37,11 +46,21 @@ SET next_tick_at = u.next_tick_at,
     last_skipped_at = COALESCE(u.last_skipped_at, s.last_skipped_at),
     last_skip_reason = CASE WHEN u.skip_reason = '' THEN s.last_skip_reason
                             ELSE u.skip_reason END,
+    last_error = '',
+    last_error_at = NULL,
     updated_at = now()
 FROM jsonb_to_recordset(%s::jsonb) AS u(
     id bigint, next_tick_at timestamptz, last_tick_at timestamptz, last_job_id bigint,
     enqueued int, missed int, skipped int, last_skipped_at timestamptz, skip_reason text
 )
+WHERE s.id = u.id
+
+-- name: record_schedule_errors
+-- The schedules of the batch whose ticks could not be planned: why, and when. Their cursor and
+-- counters stay; each pass tries them again.
+UPDATE pgjobs_schedule AS s
+SET last_error = u.error, last_error_at = now(), updated_at = now()
+FROM jsonb_to_recordset(%s::jsonb) AS u(id bigint, error text)
 WHERE s.id = u.id
 
 -- name: sync_schedules
@@ -53,9 +72,9 @@ WHERE s.id = u.id
 INSERT INTO pgjobs_schedule AS s (
     name, task, cron, timezone, payload, queue, priority, misfire, catch_up_limit, overlap,
     source, next_tick_at, ticks_enqueued, ticks_missed, ticks_skipped, last_skip_reason,
-    created_at, updated_at)
+    last_error, created_at, updated_at)
 SELECT d.name, d.task, d.cron, d.timezone, d.payload, d.queue, d.priority, d.misfire,
-       d.catch_up_limit, d.overlap, d.source, d.next_tick_at, 0, 0, 0, '', now(), now()
+       d.catch_up_limit, d.overlap, d.source, d.next_tick_at, 0, 0, 0, '', '', now(), now()
 FROM jsonb_to_recordset(%s::jsonb) AS d(
     name text, task text, cron text, timezone text, payload jsonb, queue text, priority int,
     misfire text, catch_up_limit int, overlap text, source text, next_tick_at timestamptz
