@@ -239,7 +239,6 @@ def test_an_operator_creates_a_schedule_for_a_registered_handler_and_it_is_audit
     ({"task": "tests.not_registered"}, "Select a valid choice. tests.not_registered is not one"),
     ({"misfire": "later"}, "Select a valid choice. later is not one of the available choices."),
     ({"overlap": "queue"}, "Select a valid choice. queue is not one of the available choices."),
-    ({"payload": '{"a": "b\\u0000"}'}, "schedule &#x27;ops.nightly&#x27;: payload is refused"),
     ({"queue": "no spaces"}, "schedule &#x27;ops.nightly&#x27;: queue must be a queue name"),
     ({"catch_up_limit": "0"}, "schedule &#x27;ops.nightly&#x27;: catch_up_limit must be a whole "
                               "number from 1 to 10000, got 0"),
@@ -253,13 +252,43 @@ def test_bad_input_is_refused_at_save_naming_the_schedule(login, overrides, mess
     assert OperatorAction.objects.count() == 0
 
 
-def test_a_payload_too_large_for_enqueue_is_refused_at_save(login, settings) -> None:
-    settings.PGJOBS_MAX_PAYLOAD_BYTES = 64
+@pytest.mark.parametrize(("payload", "error"), [
+    ('{"a": "b\\u0000"}',
+     "not JSON at payload['a']: contains a NUL character, which PostgreSQL cannot store"),
+    ('{"a": "\\ud800"}', "not JSON at payload['a']: contains a lone surrogate ('\\ud800' at "
+                          "index 0), which is not UTF-8"),
+    ('{"a": [-' + "1" * 5001 + "]}", "not JSON at payload['a'][0]: an integer beyond ±2**1024 "
+                                     "has no JSON reader outside Python; send it as a string"),
+    ("[" * 40 + "]" * 40, "not JSON at payload" + "[0]" * 32 + ": nested more than 32 levels "
+                          "deep (PGJOBS_MAX_PAYLOAD_DEPTH)"),
+    ("[" * 100_000 + "]" * 100_000,
+     "not JSON at payload: nested more than 32 levels deep (PGJOBS_MAX_PAYLOAD_DEPTH)"),
+    ('{"text": "' + "x" * 70_000 + '"}', "payload is 70011 bytes encoded, over the 65536-byte "
+                                        "limit (PGJOBS_MAX_PAYLOAD_BYTES)"),
+])
+def test_a_payload_enqueue_would_refuse_is_the_payload_fields_error(
+    login, payload, error,
+) -> None:
     client = login("view_schedule", "add_schedule")
-    response = client.post(f"{LIST}add/", form_data(payload='{"text": "' + "x" * 100 + '"}'))
-    assert "schedule &#x27;ops.nightly&#x27;: payload is refused: payload is 111 bytes" in \
-        response.content.decode()
+    response = client.post(f"{LIST}add/", form_data(payload=payload))
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["payload"][0].startswith(error)
+    assert payload[:50].replace('"', "&quot;") in response.content.decode()  # shown as typed
     assert not Schedule.objects.exists()
+    assert OperatorAction.objects.count() == 0
+
+
+def test_an_edit_with_a_payload_enqueue_would_refuse_writes_nothing(login) -> None:
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.report", cron="0 3 * * *",
+                               payload={"recipient": "a@example.com"})
+    client = login("view_schedule", "change_schedule", "view_raw_payload")
+    response = client.post(f"{LIST}{schedule.pk}/change/",
+                           form_data(payload='{"recipient": "\\udfff"}', cron="0 5 * * *"))
+    assert response.status_code == 200
+    assert "lone surrogate" in response.context["adminform"].form.errors["payload"][0]
+    schedule = fresh(schedule)
+    assert (schedule.cron, schedule.payload) == ("0 3 * * *", {"recipient": "a@example.com"})
+    assert OperatorAction.objects.count() == 0
 
 
 def test_an_edit_is_audited_with_what_changed_and_a_new_cron_moves_the_next_tick(login) -> None:

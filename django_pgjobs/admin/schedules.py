@@ -9,6 +9,7 @@ without ``pgjobs.view_raw_payload``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -17,6 +18,7 @@ from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.forms import ModelForm
+from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -25,10 +27,15 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from .. import periodic, transitions
+from ..conf import settings
+from ..enqueuing import encode_payload
+from ..exceptions import EnqueueError, PayloadNotJSON
 from ..models import Job, OperatorAction, Schedule
+from ..payloads import INT_MAX_ABS
 from ..registry import redactor_for, registry
 from ..status import ScheduleSource
 from ..ticks import zone
+from ..validation import nesting_problem
 from .actions import SCHEDULE_ACTIONS, Action, schedule_states
 from .base import OwnLookupsOnly, RefuseForgedActions
 from .display import exact_id, parse_ids, pretty, searchable
@@ -38,6 +45,8 @@ ACTION_MAX_SCHEDULES = 1000
 _STATUS_FIELDS = ("state_shown", "source", "next_ticks_shown", "last_tick_shown", "last_job",
                   "ticks_enqueued", "ticks_missed", "ticks_skipped", "last_skipped_at",
                   "last_skip_reason", "operator_history", "created_at", "updated_at")
+# An integer of more digits than this is beyond INT_MAX_ABS (JSON writes no leading zeros).
+_INT_MAX_DIGITS = len(str(INT_MAX_ABS))
 
 
 class StateFilter(admin.SimpleListFilter):
@@ -58,12 +67,63 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
+def _integer(text: str) -> int:
+    # int() refuses more than 4,300 digits (a ValueError, not a parse error). Any integer longer
+    # than INT_MAX_ABS is beyond it: the bound stands in, and enqueue's rule refuses it by path.
+    if len(text.lstrip("-")) > _INT_MAX_DIGITS:
+        return -INT_MAX_ABS if text.startswith("-") else INT_MAX_ABS
+    return int(text)
+
+
+class PayloadDecoder(json.JSONDecoder):
+    """JSON's reader, but an integer too long for ``int()`` is read as the bound it passes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{**kwargs, "parse_int": _integer})
+
+
+class PayloadField(forms.JSONField):
+    """A payload typed as JSON, held as it is read to enqueue's rule (``encode_payload``).
+
+    Python's reader alone would fail the request on an integer of thousands of digits or text
+    nested thousands deep; a refused payload shows again as typed, since a lone surrogate read
+    from its escape could not be written into the page.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(decoder=PayloadDecoder, **kwargs)
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:  # near 1,000 levels: PGJOBS_MAX_PAYLOAD_DEPTH is at most that
+            raise forms.ValidationError(str(PayloadNotJSON(
+                "payload", nesting_problem(settings.MAX_PAYLOAD_DEPTH)))) from None
+
+    def validate(self, value: Any) -> None:
+        super().validate(value)
+        try:
+            encode_payload(value)
+        except EnqueueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        if self.disabled or data is None:
+            return super().bound_data(data, initial)
+        try:
+            value = self.to_python(data)
+            self.validate(value)
+        except forms.ValidationError:
+            return InvalidJSONInput(data)
+        return value
+
+
 class ScheduleForm(ModelForm):
     """An operator's schedule, held to the rules of a declared one before it is saved."""
 
     task = forms.ChoiceField(help_text="A registered handler.")
-    payload = forms.JSONField(required=False, initial=dict,
-                              help_text="JSON. Each job of the schedule gets this payload.")
+    payload = PayloadField(required=False, initial=dict,
+                           help_text="JSON. Each job of the schedule gets this payload.")
 
     class Meta:
         model = Schedule
