@@ -87,11 +87,12 @@ def test_the_list_shows_last_tick_next_five_ticks_and_the_last_job_with_its_outc
     client = login("view_schedule")
     page = client.get(LIST).content.decode()
     assert "ops.hourly" in page
-    assert "2026-10-25 02:00:00+0200" in page  # the last tick, in the schedule's zone
+    # The last tick, in the schedule's zone, said as every time in the admin is (time_text).
+    assert "2026-10-25 02:00:00.000 CEST" in page
     # The next five, through the repeated hour: 02:00 again, an hour later in CET.
-    for tick in ("2026-10-25 02:00:00+0100", "2026-10-25 03:00:00+0100",
-                 "2026-10-25 04:00:00+0100", "2026-10-25 05:00:00+0100",
-                 "2026-10-25 06:00:00+0100"):
+    for tick in ("2026-10-25 02:00:00.000 CET", "2026-10-25 03:00:00.000 CET",
+                 "2026-10-25 04:00:00.000 CET", "2026-10-25 05:00:00.000 CET",
+                 "2026-10-25 06:00:00.000 CET"):
         assert tick in page
     assert f'<a href="/admin/pgjobs/job/{job_row.pk}/change/">{job_row.pk}</a> dead' in page
 
@@ -109,6 +110,17 @@ def test_the_list_does_not_query_per_row(login, django_assert_max_num_queries) -
         ScheduleFactory()
     with django_assert_max_num_queries(8):
         client.get(LIST)
+
+
+def test_the_page_says_its_times_as_every_admin_page_does(login) -> None:
+    schedule = ScheduleFactory(last_skipped_at=datetime(2026, 3, 1, 6, 5, 4, 321000, tzinfo=UTC))
+    audit = OperatorAction.objects.create(action="schedule_pause", actor_name="alice",
+                                          schedule_ids=[schedule.pk], reason="outage")
+    OperatorAction.objects.filter(pk=audit.pk).update(
+        created_at=datetime(2026, 3, 2, 7, 4, 5, 123000, tzinfo=UTC))
+    page = login("view_schedule").get(f"{LIST}{schedule.pk}/change/").content.decode()
+    assert "<li>2026-03-02 07:04:05.123 UTC pause schedule by alice outage</li>" in page
+    assert "2026-03-01 06:05:04.321 UTC" in page  # the last skip
 
 
 def test_payloads_are_shown_redacted_to_viewers(login) -> None:

@@ -38,13 +38,13 @@ from ..ticks import zone
 from ..validation import nesting_problem
 from .actions import SCHEDULE_ACTIONS, Action, schedule_states
 from .base import OwnLookupsOnly, RefuseForgedActions
-from .display import exact_id, parse_ids, pretty, searchable
+from .display import exact_id, parse_ids, pretty, searchable, time_column, time_text
 
 NEXT_TICKS_SHOWN = 5
 ACTION_MAX_SCHEDULES = 1000
 _STATUS_FIELDS = ("state_shown", "source", "next_ticks_shown", "last_tick_shown", "last_job",
-                  "ticks_enqueued", "ticks_missed", "ticks_skipped", "last_skipped_at",
-                  "last_skip_reason", "operator_history", "created_at", "updated_at")
+                  "ticks_enqueued", "ticks_missed", "ticks_skipped", "last_skipped_at_shown",
+                  "last_skip_reason", "operator_history", "created_at_shown", "updated_at_shown")
 # An integer of more digits than this is beyond INT_MAX_ABS (JSON writes no leading zeros).
 _INT_MAX_DIGITS = len(str(INT_MAX_ABS))
 
@@ -245,6 +245,10 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
     def _payload_editable(self, request: HttpRequest, obj: Schedule) -> bool:
         return self.has_change_permission(request, obj) and self.sees_raw_payloads(request)
 
+    last_skipped_at_shown = time_column("last_skipped_at")
+    created_at_shown = time_column("created_at")
+    updated_at_shown = time_column("updated_at")
+
     @admin.display(description="when")
     def when(self, schedule: Schedule) -> str:
         return f"{schedule.cron} ({schedule.timezone})"
@@ -255,7 +259,7 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
 
     @admin.display(description="last tick", ordering="last_tick_at")
     def last_tick_shown(self, schedule: Schedule) -> str:
-        return _local(schedule.last_tick_at, schedule) if schedule.last_tick_at else "-"
+        return time_text(schedule.last_tick_at, zone(schedule.timezone))
 
     @admin.display(description=f"next {NEXT_TICKS_SHOWN} ticks")
     def next_ticks_shown(self, schedule: Schedule) -> str:
@@ -263,7 +267,7 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
         if not ticks:
             return "-"
         return format_html_join(mark_safe("<br>"), "{}",
-                                ((_local(t, schedule),) for t in ticks))
+                                ((time_text(t, zone(schedule.timezone)),) for t in ticks))
 
     @admin.display(description="last job")
     def last_job(self, schedule: Schedule) -> str:
@@ -286,7 +290,7 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
     def operator_history(self, schedule: Schedule) -> str:
         actions = OperatorAction.objects.filter(
             schedule_ids__contains=[schedule.pk]).order_by("-id")[:20]
-        rows = [(a.created_at.strftime("%Y-%m-%d %H:%M:%S"), a.get_action_display(),
+        rows = [(time_text(a.created_at), a.get_action_display(),
                  a.actor_name or "(code)", a.reason or "") for a in actions]
         if not rows:
             return "-"
@@ -342,7 +346,3 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/pgjobs/job/confirm_action.html", context)
-
-
-def _local(instant: Any, schedule: Schedule) -> str:
-    return instant.astimezone(zone(schedule.timezone)).strftime("%Y-%m-%d %H:%M:%S%z")
