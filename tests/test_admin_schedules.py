@@ -123,6 +123,14 @@ def test_the_page_says_its_times_as_every_admin_page_does(login) -> None:
     assert "2026-03-01 06:05:04.321 UTC" in page  # the last skip
 
 
+@pytest.mark.parametrize("state", ["paused", "retired"])
+def test_a_schedule_that_will_not_tick_lists_no_next_ticks(login, state) -> None:
+    ScheduleFactory(cron="0 3 * * *", **{f"{state}_at": timezone.now()})
+    page = login("view_schedule").get(LIST).content.decode()
+    assert f'<td class="field-next_ticks_shown">{state}</td>' in page
+    assert "03:00:00.000 UTC" not in page
+
+
 def test_payloads_are_shown_redacted_to_viewers(login) -> None:
     schedule = ScheduleFactory(task="tests.admin.report",
                                payload={"recipient": "ceo@example.com", "day": "monday"})

@@ -263,6 +263,8 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
 
     @admin.display(description=f"next {NEXT_TICKS_SHOWN} ticks")
     def next_ticks_shown(self, schedule: Schedule) -> str:
+        if schedule.state != "active":
+            return schedule.state  # a paused or retired schedule has no next tick
         ticks = periodic.upcoming_ticks(schedule, NEXT_TICKS_SHOWN, timezone.now())
         if not ticks:
             return "-"
