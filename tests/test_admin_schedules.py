@@ -131,6 +131,28 @@ def test_a_schedule_that_will_not_tick_lists_no_next_ticks(login, state) -> None
     assert "03:00:00.000 UTC" not in page
 
 
+def test_a_failing_schedule_shows_its_error_escaped_in_the_list_and_on_its_page(login) -> None:
+    failing = ScheduleFactory(name="ops.failing", last_error="queue <b>gone</b> & refused",
+                              last_error_at=datetime(2026, 3, 2, 7, 4, 5, 123000, tzinfo=UTC))
+    ScheduleFactory(name="ops.fine")
+    client = login("view_schedule")
+    escaped = "queue &lt;b&gt;gone&lt;/b&gt; &amp; refused (2026-03-02 07:04:05.123 UTC)"
+    page = client.get(LIST).content.decode()
+    assert f"failing: {escaped}" in page
+    assert "<b>gone</b>" not in page
+    page = client.get(f"{LIST}{failing.pk}/change/").content.decode()
+    assert f'<div class="readonly">{escaped}</div>' in page
+    listed = client.get(LIST, {"state": "failing"}).context["cl"].result_list
+    assert [s.name for s in listed] == ["ops.failing"]
+
+
+def test_the_list_cuts_a_long_error_and_the_page_shows_it_whole(login) -> None:
+    failing = ScheduleFactory(last_error="x" * 500, last_error_at=timezone.now())
+    client = login("view_schedule")
+    assert f"failing: {'x' * 119}…" in client.get(LIST).content.decode()
+    assert "x" * 500 in client.get(f"{LIST}{failing.pk}/change/").content.decode()
+
+
 def test_payloads_are_shown_redacted_to_viewers(login) -> None:
     schedule = ScheduleFactory(task="tests.admin.report",
                                payload={"recipient": "ceo@example.com", "day": "monday"})

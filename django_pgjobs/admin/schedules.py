@@ -42,9 +42,12 @@ from .display import exact_id, parse_ids, pretty, searchable, time_column, time_
 
 NEXT_TICKS_SHOWN = 5
 ACTION_MAX_SCHEDULES = 1000
-_STATUS_FIELDS = ("state_shown", "source", "next_ticks_shown", "last_tick_shown", "last_job",
-                  "ticks_enqueued", "ticks_missed", "ticks_skipped", "last_skipped_at_shown",
-                  "last_skip_reason", "operator_history", "created_at_shown", "updated_at_shown")
+# The list shows this much of a failing schedule's error; its page shows all of it.
+ERROR_SHOWN_MAX_CHARS = 120
+_STATUS_FIELDS = ("state_shown", "last_error_shown", "source", "next_ticks_shown",
+                  "last_tick_shown", "last_job", "ticks_enqueued", "ticks_missed",
+                  "ticks_skipped", "last_skipped_at_shown", "last_skip_reason",
+                  "operator_history", "created_at_shown", "updated_at_shown")
 # An integer of more digits than this is beyond INT_MAX_ABS (JSON writes no leading zeros).
 _INT_MAX_DIGITS = len(str(INT_MAX_ABS))
 
@@ -54,7 +57,8 @@ class StateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("active", "active"), ("paused", "paused"), ("retired", "retired")]
+        return [("active", "active"), ("paused", "paused"), ("retired", "retired"),
+                ("failing", "failing")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -64,6 +68,8 @@ class StateFilter(admin.SimpleListFilter):
             return queryset.filter(paused_at__isnull=False, retired_at__isnull=True)
         if value == "retired":
             return queryset.filter(retired_at__isnull=False)
+        if value == "failing":  # no index: schedules are few, and this reads them all
+            return queryset.exclude(last_error="")
         return queryset
 
 
@@ -255,7 +261,19 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
 
     @admin.display(description="state")
     def state_shown(self, schedule: Schedule) -> str:
-        return schedule.state
+        if not schedule.last_error:
+            return schedule.state
+        error = schedule.last_error
+        if len(error) > ERROR_SHOWN_MAX_CHARS:
+            error = error[: ERROR_SHOWN_MAX_CHARS - 1] + "…"
+        return format_html('{}<br><span class="pgjobs-failing">failing: {} ({})</span>',
+                           schedule.state, error, time_text(schedule.last_error_at))
+
+    @admin.display(description="last error")
+    def last_error_shown(self, schedule: Schedule) -> str:
+        if not schedule.last_error:
+            return "-"
+        return format_html("{} ({})", schedule.last_error, time_text(schedule.last_error_at))
 
     @admin.display(description="last tick", ordering="last_tick_at")
     def last_tick_shown(self, schedule: Schedule) -> str:
