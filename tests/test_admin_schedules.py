@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,16 @@ ACTIONS = ("pause_selected", "resume_selected", "run_now_selected")
 @job("tests.admin.report", redact=("recipient",))
 def report(ctx: Any, payload: Any) -> None:
     """A scheduled handler whose payload carries a secret."""
+
+
+@job("tests.admin.receipt", redact=("customer.email",))
+def receipt(ctx: Any, payload: Any) -> None:
+    """A scheduled handler that hides its customer's email."""
+
+
+@job("tests.admin.digest")
+def digest(ctx: Any, payload: Any) -> None:
+    """A scheduled handler that hides nothing."""
 
 
 @pytest.fixture
@@ -196,6 +207,40 @@ def test_view_only_staff_cannot_add_or_edit_schedules(login) -> None:
     assert fresh(schedule).cron == "0 3 * * *"
     assert not Schedule.objects.filter(name="ops.nightly").exists()
     assert OperatorAction.objects.count() == 0
+
+
+def test_titles_say_view_to_whoever_may_not_change(login) -> None:
+    schedule, declared = ScheduleFactory(), ScheduleFactory(source=ScheduleSource.CODE)
+    viewer = login("view_schedule", "pause_schedule", "run_schedule")
+    assert viewer.get(LIST).context["title"] == "Select schedule to view"
+    assert viewer.get(f"{LIST}{schedule.pk}/change/").context["title"] == "View schedule"
+    editor = login("view_schedule", "change_schedule", username="editor")
+    assert editor.get(LIST).context["title"] == "Select schedule to change"
+    assert editor.get(f"{LIST}{schedule.pk}/change/").context["title"] == "Change schedule"
+    assert editor.get(f"{LIST}{declared.pk}/change/").context["title"] == "View schedule"
+
+
+USERS = {"viewer": ("view_schedule",), "editor": ("view_schedule", "change_schedule"),
+         "root": ()}
+
+
+@pytest.mark.parametrize(("user", "answers"), [
+    ("viewer", {"list": 200, "failing": 200, "page": 200, "add": 403, "edit": 403}),
+    ("editor", {"list": 200, "failing": 200, "page": 200, "add": 403, "edit": 302}),
+    ("root", {"list": 200, "failing": 200, "page": 200, "add": 200, "edit": 302}),
+])
+def test_each_page_answers_each_user_as_their_permissions_say(login, user, answers) -> None:
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.report",
+                               last_error="boom", last_error_at=timezone.now())
+    client = login(*USERS[user], superuser=user == "root", username=user)
+    page = f"{LIST}{schedule.pk}/change/"
+    assert {
+        "list": client.get(LIST).status_code,
+        "failing": client.get(LIST, {"state": "failing"}).status_code,
+        "page": client.get(page).status_code,
+        "add": client.get(f"{LIST}add/").status_code,
+        "edit": client.post(page, form_data(cron="0 5 * * *")).status_code,
+    } == answers
 
 
 def test_nobody_deletes_a_schedule_and_declared_ones_are_read_only(login) -> None:
@@ -376,3 +421,35 @@ def test_the_dashboard_shows_late_schedules(login, settings) -> None:
     assert "1 late: the last due tick was not enqueued within 60s." in page
     assert "ops.late" in page and "ops.fine" not in page
     assert "not enqueued yet" in page
+
+def test_an_editor_who_may_not_see_raw_payloads_cannot_change_the_task_that_hides_them(
+    login,
+) -> None:
+    secret = {"customer": {"email": "ceo@example.com"}}
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.receipt", payload=secret)
+    client = login("view_schedule", "change_schedule", "run_schedule")
+    page = f"{LIST}{schedule.pk}/change/"
+    assert "task" not in client.get(page).context["adminform"].form.fields
+    # A forged POST naming a task that hides nothing changes what the editor may change.
+    assert client.post(page, form_data(task="tests.admin.digest", cron="0 5 * * *")).status_code \
+        == 302
+    assert (fresh(schedule).task, fresh(schedule).cron) == ("tests.admin.receipt", "0 5 * * *")
+    assert "ceo@example.com" not in client.get(page).content.decode()
+    assert confirm(client, "run_now_selected", [schedule], reason="").status_code == 302
+    assert Job.objects.get(schedule=schedule).task == "tests.admin.receipt"
+
+
+@pytest.mark.parametrize(("codenames", "payload"), [
+    (("view_schedule", "change_schedule", "view_raw_payload"),
+     {"customer": {"email": "ceo@example.com"}}),
+    (("view_schedule", "change_schedule"), {"customer": {"name": "Ada"}}),
+])
+def test_the_task_stays_editable_to_who_sees_the_payload_or_when_it_hides_nothing(
+    login, codenames, payload,
+) -> None:
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.receipt", payload=payload)
+    client = login(*codenames)
+    response = client.post(f"{LIST}{schedule.pk}/change/",
+                           form_data(task="tests.admin.digest", payload=json.dumps(payload)))
+    assert response.status_code == 302
+    assert fresh(schedule).task == "tests.admin.digest"

@@ -246,6 +246,10 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
         if not self.has_change_permission(request, obj):
             readonly += ["name", "task", "cron", "timezone", "payload", "queue", "priority",
                          "misfire", "catch_up_limit", "overlap"]
+        elif not self.sees_raw_payloads(request) and _hides_values(obj):
+            # The task says what its payload hides: another task would show what this editor
+            # may not see, to them, to every viewer and on the jobs it makes.
+            readonly.append("task")
         return readonly
 
     def _payload_editable(self, request: HttpRequest, obj: Schedule) -> bool:
@@ -366,3 +370,8 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/pgjobs/job/confirm_action.html", context)
+
+
+def _hides_values(schedule: Schedule) -> bool:
+    """Whether ``schedule``'s payload has values its task's redaction hides."""
+    return bool(redactor_for(schedule.task).payload(schedule.payload) != schedule.payload)
