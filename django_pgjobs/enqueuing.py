@@ -46,6 +46,7 @@ from .validation import (
     TRACE_MAX_LENGTH,
     duration_problem,
     escape_control,
+    nesting_problem,
     queue_problem,
     seconds_of,
     setting_problem,
@@ -744,8 +745,7 @@ def check_nesting(value: Any, *, root: str = "payload") -> None:
         else:
             continue
         if depth >= max_depth:
-            raise PayloadNotJSON(
-                path, f"nested more than {max_depth} levels deep (PGJOBS_MAX_PAYLOAD_DEPTH)")
+            raise PayloadNotJSON(path, nesting_problem(max_depth))
         for key, child in children:
             # Named by the first level only: a full path 10,000 levels long helps no reader.
             stack.append((child, depth + 1, f"{root}[{key!r}]" if depth == 0 else path))

@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from .exceptions import PayloadNotJSON, PayloadTooLarge
-from .validation import storable_text_problem
+from .validation import nesting_problem, storable_text_problem
 
 # Integers beyond this are refused: json.dumps raises on more than 4,300 digits, and no JSON
 # reader outside Python holds them. 2**1024 (309 digits) is a double's range.
@@ -109,8 +109,7 @@ def _check(value: Any, path: str, depth: int, max_depth: int) -> bool:
         return not -_FLOAT_WRITTEN_OUT < value < _FLOAT_WRITTEN_OUT
     if isinstance(value, list | dict):
         if depth >= max_depth:
-            raise PayloadNotJSON(path, f"nested more than {max_depth} levels deep "
-                                 "(PGJOBS_MAX_PAYLOAD_DEPTH)")
+            raise PayloadNotJSON(path, nesting_problem(max_depth))
         # Most items are scalars of the usual kinds, tested here inline; only the others cost
         # a call, and a path.
         listed = isinstance(value, list)

@@ -196,6 +196,11 @@ def storable_text_problem(value: str) -> str | None:
     return None
 
 
+def nesting_problem(max_depth: int) -> str:
+    """Why a value nested deeper than ``max_depth`` lists and objects is refused."""
+    return f"nested more than {max_depth} levels deep (PGJOBS_MAX_PAYLOAD_DEPTH)"
+
+
 def escape_control(text: str) -> str:
     """``text`` with control characters written as escapes, so it stays on one log line."""
     if _CONTROL.search(text) is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,16 @@ ACTIONS = ("pause_selected", "resume_selected", "run_now_selected")
 @job("tests.admin.report", redact=("recipient",))
 def report(ctx: Any, payload: Any) -> None:
     """A scheduled handler whose payload carries a secret."""
+
+
+@job("tests.admin.receipt", redact=("customer.email",))
+def receipt(ctx: Any, payload: Any) -> None:
+    """A scheduled handler that hides its customer's email."""
+
+
+@job("tests.admin.digest")
+def digest(ctx: Any, payload: Any) -> None:
+    """A scheduled handler that hides nothing."""
 
 
 @pytest.fixture
@@ -87,11 +98,12 @@ def test_the_list_shows_last_tick_next_five_ticks_and_the_last_job_with_its_outc
     client = login("view_schedule")
     page = client.get(LIST).content.decode()
     assert "ops.hourly" in page
-    assert "2026-10-25 02:00:00+0200" in page  # the last tick, in the schedule's zone
+    # The last tick, in the schedule's zone, said as every time in the admin is (time_text).
+    assert "2026-10-25 02:00:00.000 CEST" in page
     # The next five, through the repeated hour: 02:00 again, an hour later in CET.
-    for tick in ("2026-10-25 02:00:00+0100", "2026-10-25 03:00:00+0100",
-                 "2026-10-25 04:00:00+0100", "2026-10-25 05:00:00+0100",
-                 "2026-10-25 06:00:00+0100"):
+    for tick in ("2026-10-25 02:00:00.000 CET", "2026-10-25 03:00:00.000 CET",
+                 "2026-10-25 04:00:00.000 CET", "2026-10-25 05:00:00.000 CET",
+                 "2026-10-25 06:00:00.000 CET"):
         assert tick in page
     assert f'<a href="/admin/pgjobs/job/{job_row.pk}/change/">{job_row.pk}</a> dead' in page
 
@@ -109,6 +121,47 @@ def test_the_list_does_not_query_per_row(login, django_assert_max_num_queries) -
         ScheduleFactory()
     with django_assert_max_num_queries(8):
         client.get(LIST)
+
+
+def test_the_page_says_its_times_as_every_admin_page_does(login) -> None:
+    schedule = ScheduleFactory(last_skipped_at=datetime(2026, 3, 1, 6, 5, 4, 321000, tzinfo=UTC))
+    audit = OperatorAction.objects.create(action="schedule_pause", actor_name="alice",
+                                          schedule_ids=[schedule.pk], reason="outage")
+    OperatorAction.objects.filter(pk=audit.pk).update(
+        created_at=datetime(2026, 3, 2, 7, 4, 5, 123000, tzinfo=UTC))
+    page = login("view_schedule").get(f"{LIST}{schedule.pk}/change/").content.decode()
+    assert "<li>2026-03-02 07:04:05.123 UTC pause schedule by alice outage</li>" in page
+    assert "2026-03-01 06:05:04.321 UTC" in page  # the last skip
+
+
+@pytest.mark.parametrize("state", ["paused", "retired"])
+def test_a_schedule_that_will_not_tick_lists_no_next_ticks(login, state) -> None:
+    ScheduleFactory(cron="0 3 * * *", **{f"{state}_at": timezone.now()})
+    page = login("view_schedule").get(LIST).content.decode()
+    assert f'<td class="field-next_ticks_shown">{state}</td>' in page
+    assert "03:00:00.000 UTC" not in page
+
+
+def test_a_failing_schedule_shows_its_error_escaped_in_the_list_and_on_its_page(login) -> None:
+    failing = ScheduleFactory(name="ops.failing", last_error="queue <b>gone</b> & refused",
+                              last_error_at=datetime(2026, 3, 2, 7, 4, 5, 123000, tzinfo=UTC))
+    ScheduleFactory(name="ops.fine")
+    client = login("view_schedule")
+    escaped = "queue &lt;b&gt;gone&lt;/b&gt; &amp; refused (2026-03-02 07:04:05.123 UTC)"
+    page = client.get(LIST).content.decode()
+    assert f"failing: {escaped}" in page
+    assert "<b>gone</b>" not in page
+    page = client.get(f"{LIST}{failing.pk}/change/").content.decode()
+    assert f'<div class="readonly">{escaped}</div>' in page
+    listed = client.get(LIST, {"state": "failing"}).context["cl"].result_list
+    assert [s.name for s in listed] == ["ops.failing"]
+
+
+def test_the_list_cuts_a_long_error_and_the_page_shows_it_whole(login) -> None:
+    failing = ScheduleFactory(last_error="x" * 500, last_error_at=timezone.now())
+    client = login("view_schedule")
+    assert f"failing: {'x' * 119}…" in client.get(LIST).content.decode()
+    assert "x" * 500 in client.get(f"{LIST}{failing.pk}/change/").content.decode()
 
 
 def test_payloads_are_shown_redacted_to_viewers(login) -> None:
@@ -154,6 +207,40 @@ def test_view_only_staff_cannot_add_or_edit_schedules(login) -> None:
     assert fresh(schedule).cron == "0 3 * * *"
     assert not Schedule.objects.filter(name="ops.nightly").exists()
     assert OperatorAction.objects.count() == 0
+
+
+def test_titles_say_view_to_whoever_may_not_change(login) -> None:
+    schedule, declared = ScheduleFactory(), ScheduleFactory(source=ScheduleSource.CODE)
+    viewer = login("view_schedule", "pause_schedule", "run_schedule")
+    assert viewer.get(LIST).context["title"] == "Select schedule to view"
+    assert viewer.get(f"{LIST}{schedule.pk}/change/").context["title"] == "View schedule"
+    editor = login("view_schedule", "change_schedule", username="editor")
+    assert editor.get(LIST).context["title"] == "Select schedule to change"
+    assert editor.get(f"{LIST}{schedule.pk}/change/").context["title"] == "Change schedule"
+    assert editor.get(f"{LIST}{declared.pk}/change/").context["title"] == "View schedule"
+
+
+USERS = {"viewer": ("view_schedule",), "editor": ("view_schedule", "change_schedule"),
+         "root": ()}
+
+
+@pytest.mark.parametrize(("user", "answers"), [
+    ("viewer", {"list": 200, "failing": 200, "page": 200, "add": 403, "edit": 403}),
+    ("editor", {"list": 200, "failing": 200, "page": 200, "add": 403, "edit": 302}),
+    ("root", {"list": 200, "failing": 200, "page": 200, "add": 200, "edit": 302}),
+])
+def test_each_page_answers_each_user_as_their_permissions_say(login, user, answers) -> None:
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.report",
+                               last_error="boom", last_error_at=timezone.now())
+    client = login(*USERS[user], superuser=user == "root", username=user)
+    page = f"{LIST}{schedule.pk}/change/"
+    assert {
+        "list": client.get(LIST).status_code,
+        "failing": client.get(LIST, {"state": "failing"}).status_code,
+        "page": client.get(page).status_code,
+        "add": client.get(f"{LIST}add/").status_code,
+        "edit": client.post(page, form_data(cron="0 5 * * *")).status_code,
+    } == answers
 
 
 def test_nobody_deletes_a_schedule_and_declared_ones_are_read_only(login) -> None:
@@ -239,7 +326,6 @@ def test_an_operator_creates_a_schedule_for_a_registered_handler_and_it_is_audit
     ({"task": "tests.not_registered"}, "Select a valid choice. tests.not_registered is not one"),
     ({"misfire": "later"}, "Select a valid choice. later is not one of the available choices."),
     ({"overlap": "queue"}, "Select a valid choice. queue is not one of the available choices."),
-    ({"payload": '{"a": "b\\u0000"}'}, "schedule &#x27;ops.nightly&#x27;: payload is refused"),
     ({"queue": "no spaces"}, "schedule &#x27;ops.nightly&#x27;: queue must be a queue name"),
     ({"catch_up_limit": "0"}, "schedule &#x27;ops.nightly&#x27;: catch_up_limit must be a whole "
                               "number from 1 to 10000, got 0"),
@@ -253,13 +339,43 @@ def test_bad_input_is_refused_at_save_naming_the_schedule(login, overrides, mess
     assert OperatorAction.objects.count() == 0
 
 
-def test_a_payload_too_large_for_enqueue_is_refused_at_save(login, settings) -> None:
-    settings.PGJOBS_MAX_PAYLOAD_BYTES = 64
+@pytest.mark.parametrize(("payload", "error"), [
+    ('{"a": "b\\u0000"}',
+     "not JSON at payload['a']: contains a NUL character, which PostgreSQL cannot store"),
+    ('{"a": "\\ud800"}', "not JSON at payload['a']: contains a lone surrogate ('\\ud800' at "
+                          "index 0), which is not UTF-8"),
+    ('{"a": [-' + "1" * 5001 + "]}", "not JSON at payload['a'][0]: an integer beyond ±2**1024 "
+                                     "has no JSON reader outside Python; send it as a string"),
+    ("[" * 40 + "]" * 40, "not JSON at payload" + "[0]" * 32 + ": nested more than 32 levels "
+                          "deep (PGJOBS_MAX_PAYLOAD_DEPTH)"),
+    ("[" * 100_000 + "]" * 100_000,
+     "not JSON at payload: nested more than 32 levels deep (PGJOBS_MAX_PAYLOAD_DEPTH)"),
+    ('{"text": "' + "x" * 70_000 + '"}', "payload is 70011 bytes encoded, over the 65536-byte "
+                                        "limit (PGJOBS_MAX_PAYLOAD_BYTES)"),
+])
+def test_a_payload_enqueue_would_refuse_is_the_payload_fields_error(
+    login, payload, error,
+) -> None:
     client = login("view_schedule", "add_schedule")
-    response = client.post(f"{LIST}add/", form_data(payload='{"text": "' + "x" * 100 + '"}'))
-    assert "schedule &#x27;ops.nightly&#x27;: payload is refused: payload is 111 bytes" in \
-        response.content.decode()
+    response = client.post(f"{LIST}add/", form_data(payload=payload))
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["payload"][0].startswith(error)
+    assert payload[:50].replace('"', "&quot;") in response.content.decode()  # shown as typed
     assert not Schedule.objects.exists()
+    assert OperatorAction.objects.count() == 0
+
+
+def test_an_edit_with_a_payload_enqueue_would_refuse_writes_nothing(login) -> None:
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.report", cron="0 3 * * *",
+                               payload={"recipient": "a@example.com"})
+    client = login("view_schedule", "change_schedule", "view_raw_payload")
+    response = client.post(f"{LIST}{schedule.pk}/change/",
+                           form_data(payload='{"recipient": "\\udfff"}', cron="0 5 * * *"))
+    assert response.status_code == 200
+    assert "lone surrogate" in response.context["adminform"].form.errors["payload"][0]
+    schedule = fresh(schedule)
+    assert (schedule.cron, schedule.payload) == ("0 3 * * *", {"recipient": "a@example.com"})
+    assert OperatorAction.objects.count() == 0
 
 
 def test_an_edit_is_audited_with_what_changed_and_a_new_cron_moves_the_next_tick(login) -> None:
@@ -305,3 +421,35 @@ def test_the_dashboard_shows_late_schedules(login, settings) -> None:
     assert "1 late: the last due tick was not enqueued within 60s." in page
     assert "ops.late" in page and "ops.fine" not in page
     assert "not enqueued yet" in page
+
+def test_an_editor_who_may_not_see_raw_payloads_cannot_change_the_task_that_hides_them(
+    login,
+) -> None:
+    secret = {"customer": {"email": "ceo@example.com"}}
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.receipt", payload=secret)
+    client = login("view_schedule", "change_schedule", "run_schedule")
+    page = f"{LIST}{schedule.pk}/change/"
+    assert "task" not in client.get(page).context["adminform"].form.fields
+    # A forged POST naming a task that hides nothing changes what the editor may change.
+    assert client.post(page, form_data(task="tests.admin.digest", cron="0 5 * * *")).status_code \
+        == 302
+    assert (fresh(schedule).task, fresh(schedule).cron) == ("tests.admin.receipt", "0 5 * * *")
+    assert "ceo@example.com" not in client.get(page).content.decode()
+    assert confirm(client, "run_now_selected", [schedule], reason="").status_code == 302
+    assert Job.objects.get(schedule=schedule).task == "tests.admin.receipt"
+
+
+@pytest.mark.parametrize(("codenames", "payload"), [
+    (("view_schedule", "change_schedule", "view_raw_payload"),
+     {"customer": {"email": "ceo@example.com"}}),
+    (("view_schedule", "change_schedule"), {"customer": {"name": "Ada"}}),
+])
+def test_the_task_stays_editable_to_who_sees_the_payload_or_when_it_hides_nothing(
+    login, codenames, payload,
+) -> None:
+    schedule = ScheduleFactory(name="ops.nightly", task="tests.admin.receipt", payload=payload)
+    client = login(*codenames)
+    response = client.post(f"{LIST}{schedule.pk}/change/",
+                           form_data(task="tests.admin.digest", payload=json.dumps(payload)))
+    assert response.status_code == 302
+    assert fresh(schedule).task == "tests.admin.digest"

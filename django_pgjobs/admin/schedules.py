@@ -9,6 +9,7 @@ without ``pgjobs.view_raw_payload``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -17,6 +18,7 @@ from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.forms import ModelForm
+from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -25,19 +27,29 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from .. import periodic, transitions
+from ..conf import settings
+from ..enqueuing import encode_payload
+from ..exceptions import EnqueueError, PayloadNotJSON
 from ..models import Job, OperatorAction, Schedule
+from ..payloads import INT_MAX_ABS
 from ..registry import redactor_for, registry
 from ..status import ScheduleSource
 from ..ticks import zone
+from ..validation import nesting_problem
 from .actions import SCHEDULE_ACTIONS, Action, schedule_states
 from .base import OwnLookupsOnly, RefuseForgedActions
-from .display import exact_id, parse_ids, pretty, searchable
+from .display import exact_id, parse_ids, pretty, searchable, time_column, time_text
 
 NEXT_TICKS_SHOWN = 5
 ACTION_MAX_SCHEDULES = 1000
-_STATUS_FIELDS = ("state_shown", "source", "next_ticks_shown", "last_tick_shown", "last_job",
-                  "ticks_enqueued", "ticks_missed", "ticks_skipped", "last_skipped_at",
-                  "last_skip_reason", "operator_history", "created_at", "updated_at")
+# The list shows this much of a failing schedule's error; its page shows all of it.
+ERROR_SHOWN_MAX_CHARS = 120
+_STATUS_FIELDS = ("state_shown", "last_error_shown", "source", "next_ticks_shown",
+                  "last_tick_shown", "last_job", "ticks_enqueued", "ticks_missed",
+                  "ticks_skipped", "last_skipped_at_shown", "last_skip_reason",
+                  "operator_history", "created_at_shown", "updated_at_shown")
+# An integer of more digits than this is beyond INT_MAX_ABS (JSON writes no leading zeros).
+_INT_MAX_DIGITS = len(str(INT_MAX_ABS))
 
 
 class StateFilter(admin.SimpleListFilter):
@@ -45,7 +57,8 @@ class StateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("active", "active"), ("paused", "paused"), ("retired", "retired")]
+        return [("active", "active"), ("paused", "paused"), ("retired", "retired"),
+                ("failing", "failing")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -55,15 +68,68 @@ class StateFilter(admin.SimpleListFilter):
             return queryset.filter(paused_at__isnull=False, retired_at__isnull=True)
         if value == "retired":
             return queryset.filter(retired_at__isnull=False)
+        if value == "failing":  # no index: schedules are few, and this reads them all
+            return queryset.exclude(last_error="")
         return queryset
+
+
+def _integer(text: str) -> int:
+    # int() refuses more than 4,300 digits (a ValueError, not a parse error). Any integer longer
+    # than INT_MAX_ABS is beyond it: the bound stands in, and enqueue's rule refuses it by path.
+    if len(text.lstrip("-")) > _INT_MAX_DIGITS:
+        return -INT_MAX_ABS if text.startswith("-") else INT_MAX_ABS
+    return int(text)
+
+
+class PayloadDecoder(json.JSONDecoder):
+    """JSON's reader, but an integer too long for ``int()`` is read as the bound it passes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{**kwargs, "parse_int": _integer})
+
+
+class PayloadField(forms.JSONField):
+    """A payload typed as JSON, held as it is read to enqueue's rule (``encode_payload``).
+
+    Python's reader alone would fail the request on an integer of thousands of digits or text
+    nested thousands deep; a refused payload shows again as typed, since a lone surrogate read
+    from its escape could not be written into the page.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(decoder=PayloadDecoder, **kwargs)
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:  # near 1,000 levels: PGJOBS_MAX_PAYLOAD_DEPTH is at most that
+            raise forms.ValidationError(str(PayloadNotJSON(
+                "payload", nesting_problem(settings.MAX_PAYLOAD_DEPTH)))) from None
+
+    def validate(self, value: Any) -> None:
+        super().validate(value)
+        try:
+            encode_payload(value)
+        except EnqueueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        if self.disabled or data is None:
+            return super().bound_data(data, initial)
+        try:
+            value = self.to_python(data)
+            self.validate(value)
+        except forms.ValidationError:
+            return InvalidJSONInput(data)
+        return value
 
 
 class ScheduleForm(ModelForm):
     """An operator's schedule, held to the rules of a declared one before it is saved."""
 
     task = forms.ChoiceField(help_text="A registered handler.")
-    payload = forms.JSONField(required=False, initial=dict,
-                              help_text="JSON. Each job of the schedule gets this payload.")
+    payload = PayloadField(required=False, initial=dict,
+                           help_text="JSON. Each job of the schedule gets this payload.")
 
     class Meta:
         model = Schedule
@@ -180,10 +246,18 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
         if not self.has_change_permission(request, obj):
             readonly += ["name", "task", "cron", "timezone", "payload", "queue", "priority",
                          "misfire", "catch_up_limit", "overlap"]
+        elif not self.sees_raw_payloads(request) and _hides_values(obj):
+            # The task says what its payload hides: another task would show what this editor
+            # may not see, to them, to every viewer and on the jobs it makes.
+            readonly.append("task")
         return readonly
 
     def _payload_editable(self, request: HttpRequest, obj: Schedule) -> bool:
         return self.has_change_permission(request, obj) and self.sees_raw_payloads(request)
+
+    last_skipped_at_shown = time_column("last_skipped_at")
+    created_at_shown = time_column("created_at")
+    updated_at_shown = time_column("updated_at")
 
     @admin.display(description="when")
     def when(self, schedule: Schedule) -> str:
@@ -191,19 +265,33 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
 
     @admin.display(description="state")
     def state_shown(self, schedule: Schedule) -> str:
-        return schedule.state
+        if not schedule.last_error:
+            return schedule.state
+        error = schedule.last_error
+        if len(error) > ERROR_SHOWN_MAX_CHARS:
+            error = error[: ERROR_SHOWN_MAX_CHARS - 1] + "…"
+        return format_html('{}<br><span class="pgjobs-failing">failing: {} ({})</span>',
+                           schedule.state, error, time_text(schedule.last_error_at))
+
+    @admin.display(description="last error")
+    def last_error_shown(self, schedule: Schedule) -> str:
+        if not schedule.last_error:
+            return "-"
+        return format_html("{} ({})", schedule.last_error, time_text(schedule.last_error_at))
 
     @admin.display(description="last tick", ordering="last_tick_at")
     def last_tick_shown(self, schedule: Schedule) -> str:
-        return _local(schedule.last_tick_at, schedule) if schedule.last_tick_at else "-"
+        return time_text(schedule.last_tick_at, zone(schedule.timezone))
 
     @admin.display(description=f"next {NEXT_TICKS_SHOWN} ticks")
     def next_ticks_shown(self, schedule: Schedule) -> str:
+        if schedule.state != "active":
+            return schedule.state  # a paused or retired schedule has no next tick
         ticks = periodic.upcoming_ticks(schedule, NEXT_TICKS_SHOWN, timezone.now())
         if not ticks:
             return "-"
         return format_html_join(mark_safe("<br>"), "{}",
-                                ((_local(t, schedule),) for t in ticks))
+                                ((time_text(t, zone(schedule.timezone)),) for t in ticks))
 
     @admin.display(description="last job")
     def last_job(self, schedule: Schedule) -> str:
@@ -226,7 +314,7 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
     def operator_history(self, schedule: Schedule) -> str:
         actions = OperatorAction.objects.filter(
             schedule_ids__contains=[schedule.pk]).order_by("-id")[:20]
-        rows = [(a.created_at.strftime("%Y-%m-%d %H:%M:%S"), a.get_action_display(),
+        rows = [(time_text(a.created_at), a.get_action_display(),
                  a.actor_name or "(code)", a.reason or "") for a in actions]
         if not rows:
             return "-"
@@ -284,5 +372,6 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
         return TemplateResponse(request, "admin/pgjobs/job/confirm_action.html", context)
 
 
-def _local(instant: Any, schedule: Schedule) -> str:
-    return instant.astimezone(zone(schedule.timezone)).strftime("%Y-%m-%d %H:%M:%S%z")
+def _hides_values(schedule: Schedule) -> bool:
+    """Whether ``schedule``'s payload has values its task's redaction hides."""
+    return bool(redactor_for(schedule.task).payload(schedule.payload) != schedule.payload)
