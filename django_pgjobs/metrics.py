@@ -43,12 +43,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from . import stats
 from .claimed import ClaimedJob
-from .conf import settings
-from .exceptions import InvalidSetting
+from .conf import checked
 from .outcomes import Outcome
 from .stats import QueueStats
 from .status import JobStatus
-from .validation import setting_problem
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -91,15 +89,6 @@ def named_queues(queues: list[QueueStats], limit: int) -> list[tuple[QueueStats,
         oldest_ready_age_seconds=max(ages) if ages else None,
     )
     return [*((q, q.healthy) for q in named), (other, all(q.healthy for q in rest))]
-
-
-def max_named_queues() -> int:
-    """PGJOBS_METRICS_MAX_QUEUES, by its rule (a process may have skipped the checks)."""
-    value = settings.METRICS_MAX_QUEUES
-    problem = setting_problem("METRICS_MAX_QUEUES", value)
-    if problem is not None:
-        raise InvalidSetting("METRICS_MAX_QUEUES", problem)
-    return int(value)
 
 
 class StatsCollector(Collector):
@@ -148,7 +137,7 @@ class StatsCollector(Collector):
             "1 while the oldest ready job is within the backlog policy, else 0.",
             labels=["queue"],
         )
-        for queue, is_healthy in named_queues(queues, max_named_queues()):
+        for queue, is_healthy in named_queues(queues, int(checked("METRICS_MAX_QUEUES"))):
             for status in stats.LIVE_STATUSES:
                 jobs.add_metric([queue.queue, status.value], queue.count(status))
             for status in (JobStatus.DEAD, JobStatus.CANCELLED):

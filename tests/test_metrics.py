@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.exceptions import InvalidSetting
 from django_pgjobs.metrics import StatsCollector, WorkerMetrics, exposition
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
@@ -99,6 +100,20 @@ def test_the_gauges_name_the_queues_of_the_largest_backlog_and_sum_the_rest(sett
     assert value(samples, "pgjobs_backlog_healthy", queue="*") == 0  # late is over its policy
     assert value(samples, "pgjobs_backlog_max_age_seconds", queue="big") == 3600
     assert value(samples, "pgjobs_backlog_max_age_seconds", queue="*") is None
+
+
+@pytest.mark.django_db
+def test_a_scrape_refuses_a_max_queues_its_rule_refuses_with_the_error_enqueue_gives(
+    settings,
+) -> None:
+    settings.PGJOBS_METRICS_MAX_QUEUES = True  # a bool is no count, though int(True) is 1
+    JobFactory(queue="mail")
+    registry = CollectorRegistry()
+    registry.register(StatsCollector())
+    with pytest.raises(InvalidSetting) as refused:
+        exposition(registry)
+    assert refused.value.setting == "PGJOBS_METRICS_MAX_QUEUES"
+    assert "pgjobs.E010" in str(refused.value)
 
 
 @pytest.mark.django_db
