@@ -25,6 +25,14 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
+from . import stats
+from .claimed import ClaimedJob
+from .conf import checked
+from .outcomes import Outcome
+from .stats import QueueStats
+from .status import JobStatus
+from .validation import missing_extra
+
 try:
     from prometheus_client import (
         CONTENT_TYPE_LATEST,
@@ -36,17 +44,10 @@ try:
     )
     from prometheus_client.core import GaugeMetricFamily, Metric
     from prometheus_client.registry import Collector
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
+except ImportError as exc:
     raise ImproperlyConfigured(
-        "django_pgjobs.metrics needs prometheus-client: pip install prometheus-client"
+        f"django_pgjobs.metrics: {missing_extra('prometheus-client', 'metrics')}"
     ) from exc
-
-from . import stats
-from .claimed import ClaimedJob
-from .conf import checked
-from .outcomes import Outcome
-from .stats import QueueStats
-from .status import JobStatus
 
 if TYPE_CHECKING:
     from .worker import Worker

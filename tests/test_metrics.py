@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
+import tomllib
 import urllib.request
 import uuid
 from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,7 +26,7 @@ from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import JobStatus
 from django_pgjobs.transitions import database_now
 from django_pgjobs.worker import Worker
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
 from tests.factories import JobFactory
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -247,3 +251,19 @@ def test_metrics_stats_needs_a_port() -> None:
 
     with pytest.raises(CommandError, match="--metrics-stats needs --metrics-port"):
         call_command("pgjobs_worker", "--metrics-stats")
+
+
+def test_without_prometheus_client_the_import_names_the_metrics_extra(monkeypatch) -> None:
+    for name in [n for n in sys.modules if n.split(".")[0] == "prometheus_client"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "django_pgjobs.metrics")
+    with pytest.raises(ImproperlyConfigured) as refused:
+        importlib.import_module("django_pgjobs.metrics")
+    assert str(refused.value) == (
+        "django_pgjobs.metrics: prometheus-client is not installed; the metrics extra brings "
+        "it: pip install './django-pgjobs[metrics]' (see the README's Install)")
+    # The command it names is the README's, for the extra pyproject.toml defines.
+    assert "pip install './django-pgjobs[metrics]'" in (ROOT / "README.md").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert [r.split(">")[0] for r in extras["metrics"]] == ["prometheus-client"]
