@@ -1,7 +1,8 @@
 """Settings, read from Django settings at call time so ``override_settings`` works.
 
 Every setting is ``PGJOBS_<NAME>`` in the project's settings; the defaults live here with their
-units in the name. ``checks.py`` validates them and reports a bad value by name.
+units in the name. ``checks.py`` validates them and reports a bad value by name; code that must
+not act on a bad value reads the setting through ``checked``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+
+from .exceptions import InvalidSetting
+from .validation import setting_problem
 
 DEFAULT_QUEUE = "default"
 DEFAULT_QUEUES: list[str] | None = None  # None: any queue name is accepted
@@ -123,3 +127,17 @@ class Settings:
 
 
 settings = Settings()
+
+
+def checked(name: str) -> Any:
+    """PGJOBS_<name>, by the rule the system checks hold it to; ``InvalidSetting`` if it breaks it.
+
+    A process that skipped the checks would otherwise act on what its rule refuses: a lease of
+    -5 seconds failed the table's CHECK, and the server's report of the failing row quoted the
+    payload.
+    """
+    value = getattr(settings, name)
+    problem = setting_problem(name, value)
+    if problem is not None:
+        raise InvalidSetting(name, problem)
+    return value

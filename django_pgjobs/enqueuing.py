@@ -22,10 +22,9 @@ from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from . import sql, tracing
-from .conf import settings
+from .conf import checked, settings
 from .exceptions import (
     InvalidJobOption,
-    InvalidSetting,
     KeyTakenThenFreed,
     NotMigrated,
     PayloadNotJSON,
@@ -49,7 +48,6 @@ from .validation import (
     nesting_problem,
     queue_problem,
     seconds_of,
-    setting_problem,
     shown,
     text_problem,
     whole_number_problem,
@@ -309,31 +307,17 @@ class _Defaults:
 
     @classmethod
     def _read(cls) -> _Defaults:
-        queues = _setting("QUEUES")
+        queues = checked("QUEUES")
         return cls(
-            queue=_setting("QUEUE"),
+            queue=checked("QUEUE"),
             queues=None if queues is None else frozenset(queues),
-            max_attempts=_setting("MAX_ATTEMPTS"),
-            max_age_seconds=float(_setting("MAX_AGE_SECONDS")),
-            lease_seconds=_setting("LEASE_SECONDS"),
-            max_payload_bytes=_setting("MAX_PAYLOAD_BYTES"),
-            max_payload_depth=_setting("MAX_PAYLOAD_DEPTH"),
-            notify=_setting("NOTIFY"),
+            max_attempts=checked("MAX_ATTEMPTS"),
+            max_age_seconds=float(checked("MAX_AGE_SECONDS")),
+            lease_seconds=checked("LEASE_SECONDS"),
+            max_payload_bytes=checked("MAX_PAYLOAD_BYTES"),
+            max_payload_depth=checked("MAX_PAYLOAD_DEPTH"),
+            notify=checked("NOTIFY"),
         )
-
-
-def _setting(name: str) -> Any:
-    """PGJOBS_<name>, by the rule the system checks hold it to.
-
-    A process that skipped the checks would otherwise write what its rule refuses: a lease of
-    -5 seconds failed the table's CHECK, and the server's report of the failing row quoted the
-    payload.
-    """
-    value = getattr(settings, name)
-    problem = setting_problem(name, value)
-    if problem is not None:
-        raise InvalidSetting(name, problem)
-    return value
 
 
 # Reading eight settings through Django's lazy settings cost a single enqueue more than its

@@ -25,6 +25,14 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
+from . import stats
+from .claimed import ClaimedJob
+from .conf import checked
+from .outcomes import Outcome
+from .stats import QueueStats
+from .status import JobStatus
+from .validation import missing_extra
+
 try:
     from prometheus_client import (
         CONTENT_TYPE_LATEST,
@@ -36,19 +44,10 @@ try:
     )
     from prometheus_client.core import GaugeMetricFamily, Metric
     from prometheus_client.registry import Collector
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
+except ImportError as exc:
     raise ImproperlyConfigured(
-        "django_pgjobs.metrics needs prometheus-client: pip install prometheus-client"
+        f"django_pgjobs.metrics: {missing_extra('prometheus-client', 'metrics')}"
     ) from exc
-
-from . import stats
-from .claimed import ClaimedJob
-from .conf import settings
-from .exceptions import InvalidSetting
-from .outcomes import Outcome
-from .stats import QueueStats
-from .status import JobStatus
-from .validation import setting_problem
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -91,15 +90,6 @@ def named_queues(queues: list[QueueStats], limit: int) -> list[tuple[QueueStats,
         oldest_ready_age_seconds=max(ages) if ages else None,
     )
     return [*((q, q.healthy) for q in named), (other, all(q.healthy for q in rest))]
-
-
-def max_named_queues() -> int:
-    """PGJOBS_METRICS_MAX_QUEUES, by its rule (a process may have skipped the checks)."""
-    value = settings.METRICS_MAX_QUEUES
-    problem = setting_problem("METRICS_MAX_QUEUES", value)
-    if problem is not None:
-        raise InvalidSetting("METRICS_MAX_QUEUES", problem)
-    return int(value)
 
 
 class StatsCollector(Collector):
@@ -148,7 +138,7 @@ class StatsCollector(Collector):
             "1 while the oldest ready job is within the backlog policy, else 0.",
             labels=["queue"],
         )
-        for queue, is_healthy in named_queues(queues, max_named_queues()):
+        for queue, is_healthy in named_queues(queues, int(checked("METRICS_MAX_QUEUES"))):
             for status in stats.LIVE_STATUSES:
                 jobs.add_metric([queue.queue, status.value], queue.count(status))
             for status in (JobStatus.DEAD, JobStatus.CANCELLED):

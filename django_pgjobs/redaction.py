@@ -14,11 +14,12 @@ Two rules decide what is hidden:
 
 A hidden value shows as ``[redacted]``, whole (a secret mapping hides everything under it). Text
 (error messages, tracebacks, log lines, and the strings of a payload or result as shown) is
-scrubbed three ways: every hidden value of the job's
-payload is replaced wherever it appears; ``<secret key>=<value>`` and ``<secret key>: <value>``
-pairs are replaced whatever their value (a name ending in ``Error``, ``Exception`` or
-``Warning`` before a colon is an exception class, not a key); and the password of a URL or DSN
-(``scheme://user:password@host``) is replaced.
+scrubbed three ways: every hidden value of the job's payload (and of a shown document itself)
+is replaced wherever it appears; ``<secret key>=<value>`` and ``<secret key>: <value>`` pairs
+are replaced whatever their value (a name ending in ``Error``, ``Exception`` or ``Warning``
+before a colon is an exception class, not a key); and the password of a URL or DSN
+(``scheme://user:password@host``) is replaced. A number of a shown document equal to a hidden
+value is hidden too.
 
 What an application writes into free text under no key (``"charged 4111..."``) cannot be found
 unless the payload holds the same value: see docs/security.md.
@@ -98,15 +99,20 @@ class Redactor:
         """Whether a mapping key (or an argument's name) is secret under these keys."""
         return _is_secret_key(key, _key_words(self.keys))
 
-    def payload(self, value: Any) -> Any:
+    def payload(self, value: Any, also: Any = None) -> Any:
         """Return a copy of ``value`` (a payload, a result) as a viewer may see it.
 
-        Secret keys and paths are hidden, and every string left is scrubbed as text is: a
+        Secret keys and paths are hidden, and every value left is scrubbed as text is: a
         result written as free text (``"auth_code=RCPT-4242"``) hides its secret as an error of
-        the same shape does, and so does a value that repeats a hidden one.
+        the same shape does, and so does a value that repeats a hidden one. ``also`` is another
+        document whose hidden values are scrubbed too: a result, shown with its job's payload,
+        loses the ``customer.email`` its handler echoed under a key of its own.
         """
         redacted = self.redact(value)
-        return _scrub_strings(redacted.value, lambda text: self._scrubbed(text, redacted.secrets))
+        secrets = redacted.secrets
+        if also is not None:
+            secrets = tuple(dict.fromkeys((*secrets, *self.redact(also).secrets)))
+        return _scrub_values(redacted.value, lambda text: self._scrubbed(text, secrets))
 
     def text(self, text: str, payload: Any = None) -> str:
         """Scrub ``payload``'s secret values, ``key=value`` secrets and URL passwords."""
@@ -232,14 +238,20 @@ def _redact_keys(value: Any, keys: tuple[tuple[str, ...], ...], hidden: list[Any
 # --- text -----------------------------------------------------------------------------------
 
 
-def _scrub_strings(value: Any, scrub: Callable[[str], str]) -> Any:
-    """``value`` with ``scrub`` applied to every string in it (not to mapping keys)."""
+def _scrub_values(value: Any, scrub: Callable[[str], str]) -> Any:
+    """``value`` with ``scrub`` applied to every string in it (not to mapping keys).
+
+    A number equal to a hidden value is hidden: a card number echoed as a number is as secret
+    as one echoed in a string.
+    """
     if isinstance(value, str):
         return value if value == REDACTED else scrub(value)
     if isinstance(value, dict):
-        return {k: _scrub_strings(v, scrub) for k, v in value.items()}
+        return {k: _scrub_values(v, scrub) for k, v in value.items()}
     if isinstance(value, list):
-        return [_scrub_strings(v, scrub) for v in value]
+        return [_scrub_values(v, scrub) for v in value]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return REDACTED if scrub(json.dumps(value)) == REDACTED else value
     return value
 
 

@@ -1,6 +1,6 @@
 """OpenTelemetry spans: one for each enqueue, one for each attempt, linked through the job.
 
-Optional. With ``opentelemetry-api`` installed (``pip install opentelemetry-api``) and
+Optional. With ``opentelemetry-api`` installed (the ``otel`` extra brings it) and
 ``PGJOBS_TRACING`` not False, an enqueue records a PRODUCER span and stores its W3C
 ``traceparent`` with the job; a worker records a CONSUMER span for every attempt, linked to that
 enqueue. Without the package, or with ``PGJOBS_TRACING = False``, OpenTelemetry is never
@@ -29,7 +29,7 @@ from .exceptions import PgJobsError
 from .outcomes import Outcome
 from .redaction import database_error_text
 from .status import AttemptOutcome
-from .validation import TRACEPARENT, TRACEPARENT_MAX_LENGTH
+from .validation import TRACEPARENT, TRACEPARENT_MAX_LENGTH, missing_extra
 
 logger = logging.getLogger("django_pgjobs.tracing")
 
@@ -101,8 +101,8 @@ def _resolve() -> Any | None:
                 "opentelemetry.trace.propagation.tracecontext")
         except ImportError:
             if wanted is True:
-                logger.warning("PGJOBS_TRACING is True but opentelemetry-api is not installed "
-                               "(pip install opentelemetry-api): no spans are recorded")
+                logger.warning("PGJOBS_TRACING is True but %s. No spans are recorded",
+                               missing_extra("opentelemetry-api", "otel"))
         else:
             _state.trace = trace
             _state.propagator = tracecontext.TraceContextTextMapPropagator()

@@ -289,12 +289,19 @@ def _backlog_policy(value: object) -> str | None:
     return None
 
 
+def missing_extra(package: str, extra: str) -> str:
+    """That ``package`` is not installed, and the extra of ours that brings it."""
+    # The name is not published yet: the README's Install installs from a checkout.
+    return (f"{package} is not installed; the {extra} extra brings it: "
+            f"pip install './django-pgjobs[{extra}]' (see the README's Install)")
+
+
 def _tracing(value: object) -> str | None:
     if value is not None and not isinstance(value, bool):
         return ("must be None (trace when opentelemetry-api is installed), True or False, "
                 f"got {shown(value)}")
     if value is True and importlib.util.find_spec("opentelemetry") is None:
-        return "is True but opentelemetry-api is not installed (pip install opentelemetry-api)"
+        return f"is True but {missing_extra('opentelemetry-api', 'otel')}"
     return None
 
 
@@ -391,6 +398,7 @@ __all__ = [
     "cron_problem",
     "duration_problem",
     "escape_control",
+    "missing_extra",
     "number_problem",
     "poll_interval_problem",
     "queue_problem",

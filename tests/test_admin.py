@@ -477,6 +477,39 @@ def test_export_is_redacted_like_the_list(login: Any) -> None:
     ]
 
 
+def echoing_result() -> dict[str, Any]:
+    """A handler's result that repeats its payload's hidden values under keys of its own."""
+    return {"receipt_for": SECRET_EMAIL, "summary": f"charged {SECRET_CARD} for {SECRET_EMAIL}"}
+
+
+SCRUBBED_ECHO = {"receipt_for": REDACTED, "summary": f"charged {REDACTED} for {REDACTED}"}
+
+
+def test_a_result_that_echoes_the_payload_s_secrets_shows_them_scrubbed(login: Any) -> None:
+    client = login("view_job", "view_idempotencyreceipt")
+    j = JobFactory(task="tests.admin.charge", payload=secret_payload(), result=echoing_result())
+    receipt = ReceiptFactory(job=j, result=echoing_result())
+    pages = [client.get(f"{CHANGELIST}{j.pk}/change/"),
+             client.get(f"/admin/pgjobs/idempotencyreceipt/{receipt.pk}/change/")]
+    for html in (page.content.decode() for page in pages):
+        assert SECRET_CARD not in html and SECRET_EMAIL not in html
+        assert f"&quot;summary&quot;: &quot;charged {REDACTED} for {REDACTED}&quot;" in html
+    exported = json.loads(start_action(client, "export_selected", [j]).content)["jobs"]
+    assert [e["result"] for e in exported] == [SCRUBBED_ECHO]
+
+
+def test_a_superuser_sees_the_echoed_secrets_of_a_result_only_on_the_raw_page(
+    login: Any,
+) -> None:
+    client = login(superuser=True)
+    j = JobFactory(task="tests.admin.charge", payload=secret_payload(), result=echoing_result())
+    assert SECRET_EMAIL not in client.get(f"{CHANGELIST}{j.pk}/change/").content.decode()
+    exported = json.loads(start_action(client, "export_selected", [j]).content)["jobs"]
+    assert [e["result"] for e in exported] == [SCRUBBED_ECHO]
+    raw = client.post(f"{CHANGELIST}{j.pk}/raw-payload/").content.decode()
+    assert f"&quot;summary&quot;: &quot;charged {SECRET_CARD} for {SECRET_EMAIL}&quot;" in raw
+
+
 def test_attempt_receipt_and_audit_pages_are_redacted_and_read_only(login: Any) -> None:
     client = login("view_job", "view_attempt", "view_idempotencyreceipt", "view_operatoraction")
     j = JobFactory(task="tests.admin.charge", payload=secret_payload(), dead=True)

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
+import tomllib
 import urllib.request
 import uuid
 from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.exceptions import InvalidSetting
 from django_pgjobs.metrics import StatsCollector, WorkerMetrics, exposition
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import JobStatus
 from django_pgjobs.transitions import database_now
 from django_pgjobs.worker import Worker
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
 from tests.factories import JobFactory
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -99,6 +104,20 @@ def test_the_gauges_name_the_queues_of_the_largest_backlog_and_sum_the_rest(sett
     assert value(samples, "pgjobs_backlog_healthy", queue="*") == 0  # late is over its policy
     assert value(samples, "pgjobs_backlog_max_age_seconds", queue="big") == 3600
     assert value(samples, "pgjobs_backlog_max_age_seconds", queue="*") is None
+
+
+@pytest.mark.django_db
+def test_a_scrape_refuses_a_max_queues_its_rule_refuses_with_the_error_enqueue_gives(
+    settings,
+) -> None:
+    settings.PGJOBS_METRICS_MAX_QUEUES = True  # a bool is no count, though int(True) is 1
+    JobFactory(queue="mail")
+    registry = CollectorRegistry()
+    registry.register(StatsCollector())
+    with pytest.raises(InvalidSetting) as refused:
+        exposition(registry)
+    assert refused.value.setting == "PGJOBS_METRICS_MAX_QUEUES"
+    assert "pgjobs.E010" in str(refused.value)
 
 
 @pytest.mark.django_db
@@ -232,3 +251,19 @@ def test_metrics_stats_needs_a_port() -> None:
 
     with pytest.raises(CommandError, match="--metrics-stats needs --metrics-port"):
         call_command("pgjobs_worker", "--metrics-stats")
+
+
+def test_without_prometheus_client_the_import_names_the_metrics_extra(monkeypatch) -> None:
+    for name in [n for n in sys.modules if n.split(".")[0] == "prometheus_client"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "django_pgjobs.metrics")
+    with pytest.raises(ImproperlyConfigured) as refused:
+        importlib.import_module("django_pgjobs.metrics")
+    assert str(refused.value) == (
+        "django_pgjobs.metrics: prometheus-client is not installed; the metrics extra brings "
+        "it: pip install './django-pgjobs[metrics]' (see the README's Install)")
+    # The command it names is the README's, for the extra pyproject.toml defines.
+    assert "pip install './django-pgjobs[metrics]'" in (ROOT / "README.md").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert [r.split(">")[0] for r in extras["metrics"]] == ["prometheus-client"]

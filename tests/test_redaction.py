@@ -197,6 +197,31 @@ def test_strings_of_a_shown_payload_or_result_are_scrubbed_like_error_text() -> 
     assert redactor.payload(["password: pw-1", 7, None]) == [f"password: {REDACTED}", 7, None]
 
 
+def test_a_hidden_value_repeated_elsewhere_is_scrubbed_too() -> None:
+    redactor = Redactor(("card",))
+    document = {"HTTPCardHolder": "Ada Lovelace", "card_number": 4111111111111111,
+                "passenger": "Ada Lovelace", "note": "booked for Ada Lovelace",
+                "ref": 4111111111111111, "seats": 2}
+    assert redactor.payload(document) == {
+        "HTTPCardHolder": REDACTED, "card_number": REDACTED,
+        "passenger": REDACTED, "note": f"booked for {REDACTED}",
+        "ref": REDACTED, "seats": 2,
+    }
+
+
+def test_a_result_loses_the_hidden_values_of_the_payload_it_is_shown_with() -> None:
+    redactor = redactor_for("tests.redaction.signup")
+    payload = {"customer": {"email": "ada@example.com"}, "items": [{"pan": 5555444433331111}]}
+    result = {"sent_to": "ada@example.com", "log": ["welcome mail to ada@example.com"],
+              "charged": 5555444433331111, "count": 1}
+    assert redactor.payload(result, also=payload) == {
+        "sent_to": REDACTED, "log": [f"welcome mail to {REDACTED}"], "charged": REDACTED,
+        "count": 1,
+    }
+    # Alone, the result names no secret key or path: nothing in it is hidden.
+    assert redactor.payload(result) == result
+
+
 def test_empty_text_stays_empty() -> None:
     assert redactor_for("tests.redaction.signup").text("", {"password": "x"}) == ""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -352,6 +353,10 @@ def test_tracing_off_records_nothing_and_stores_nothing(traces) -> None:
     assert tracing.tracer() is not None
 
 
+OTEL_MISSING = ("opentelemetry-api is not installed; the otel extra brings it: "
+                "pip install './django-pgjobs[otel]' (see the README's Install)")
+
+
 def test_without_the_package_tracing_is_off_and_jobs_still_run(monkeypatch, caplog) -> None:
     for name in [n for n in sys.modules if n.split(".")[0] == "opentelemetry"]:
         monkeypatch.setitem(sys.modules, name, None)  # as if not installed
@@ -363,12 +368,17 @@ def test_without_the_package_tracing_is_off_and_jobs_still_run(monkeypatch, capl
         assert drain()[0].succeeded
         with override_settings(PGJOBS_TRACING=True):
             assert tracing.tracer() is None
-        assert "PGJOBS_TRACING is True but opentelemetry-api is not installed" in caplog.text
+        assert (f"PGJOBS_TRACING is True but {OTEL_MISSING}. No spans are recorded"
+                in caplog.text)
         with override_settings(PGJOBS_TRACING=True):
             [error] = check_settings()
-        assert isinstance(error, Error) and error.msg == (
-            "PGJOBS_TRACING is True but opentelemetry-api is not installed "
-            "(pip install opentelemetry-api)")
+        assert isinstance(error, Error)
+        assert error.msg == f"PGJOBS_TRACING is True but {OTEL_MISSING}"
+        # The command it names is the README's, for the extra pyproject.toml defines.
+        assert "pip install './django-pgjobs[otel]'" in (ROOT / "README.md").read_text()
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+            "optional-dependencies"]
+        assert [r.split(">")[0] for r in extras["otel"]] == ["opentelemetry-api"]
     finally:
         monkeypatch.undo()
         tracing.reset()

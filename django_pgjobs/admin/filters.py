@@ -59,4 +59,3 @@ class TaskFilter(KnownNamesFilter):
 
     def known_names(self) -> set[str]:
         return set(registry.names())
-

@@ -201,7 +201,9 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     def result_shown(self, job: Job) -> str:
         if job.result is None:
             return "-"
-        return format_html("<pre>{}</pre>", pretty(redactor_for(job.task).payload(job.result)))
+        # A handler may echo a payload's secret into its result, under a key of its own.
+        shown = redactor_for(job.task).payload(job.result, also=job.payload)
+        return format_html("<pre>{}</pre>", pretty(shown))
 
     @admin.display(description="last error")
     def error_shown(self, job: Job) -> str:
@@ -335,7 +337,7 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
                 "idempotency_key": job.idempotency_key, "trace_id": job.trace_id,
                 "created_at": job.created_at, "finished_at": job.finished_at,
                 "payload": redactor.payload(job.payload),
-                "result": redactor.payload(job.result),
+                "result": redactor.payload(job.result, also=job.payload),
                 "last_error": redactor.text(job.last_error, job.payload),
             })
         response = JsonResponse({"jobs": rows}, json_dumps_params={"indent": 2})

@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from ..models import Attempt, IdempotencyReceipt, OperatorAction
+from ..models import Attempt, IdempotencyReceipt, Job, OperatorAction
 from ..registry import redactor_for
 from ..status import AttemptOutcome
 from .base import AttemptColumns, ReadOnlyAdmin, TimeColumns
@@ -81,7 +81,13 @@ class IdempotencyReceiptAdmin(TimeColumns, ReadOnlyAdmin):
 
     @admin.display(description="result (redacted)")
     def result_shown(self, receipt: IdempotencyReceipt) -> str:
-        return format_html("<pre>{}</pre>", pretty(redactor_for(None).payload(receipt.result)))
+        # The job's task and payload say what to hide, while the job is kept; a receipt
+        # outlives its pruned job, and then only the keys apply.
+        job = None if receipt.job_id is None else (
+            Job.objects.filter(pk=receipt.job_id).only("task", "payload").first())
+        task, payload = (None, None) if job is None else (job.task, job.payload)
+        shown = redactor_for(task).payload(receipt.result, also=payload)
+        return format_html("<pre>{}</pre>", pretty(shown))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyReceipt], search_term: str
