@@ -1,4 +1,7 @@
-"""Run one claimed job and turn what happened into an ``Outcome``. Never raises.
+"""Run one claimed job and turn what happened into an ``Outcome``.
+
+Whatever the handler raises is its outcome; of the code around it (a payload's upgrade), an
+``Exception`` is, while an interrupt or ``SystemExit`` stops the caller as anywhere else.
 
 ``execute`` runs a handler in the calling thread; ``aexecute`` awaits an async handler on the
 caller's event loop. Both share every step but the call, so a job means the same either way.
@@ -126,12 +129,15 @@ def _prepare(job: ClaimedJob, started: float) -> tuple[Handler, Any] | Outcome:
         return handler, upgrade_payload(handler, job.payload, job.payload_version)
     except LookupError as exc:  # a missing upgrade step: no retry can decode this payload
         return _failed(job, started, FailureClass.PERMANENT, _describe(exc), "")
-    except BaseException as exc:
-        # An upgrade step's error is the job's, as a handler's is: recorded and scrubbed, never
-        # the worker's crash. The same payload fails the same step again: no retry would help.
-        return _failed(job, started, FailureClass.PERMANENT,
+    except Exception as exc:
+        # An upgrade step is the handler's code: its error is classified, recorded and scrubbed
+        # as the handler's own would be (a step that read something unreachable may work on
+        # the next attempt), never the worker's crash.
+        failure_class, hint = classify(
+            exc, retry_on=handler.retry_on, permanent_on=handler.permanent_on)
+        return _failed(job, started, failure_class,
                        f"payload upgrade from version {job.payload_version} failed: "
-                       f"{_describe(exc)}", "".join(traceback.format_exception(exc)))
+                       f"{_describe(exc)}", "".join(traceback.format_exception(exc)), hint)
 
 
 def _raised(job: ClaimedJob, handler: Handler, started: float, exc: BaseException) -> Outcome:

@@ -398,10 +398,10 @@ def test_an_upgrade_that_raises_fails_its_job_and_the_worker_runs_the_next_one(
     assert worker.run() == 0
     stored = Job.objects.get(pk=broken.pk)
     assert (stored.status, stored.failure_class, stored.attempts) == (
-        JobStatus.DEAD, FailureClass.PERMANENT, 1)
+        JobStatus.RETRYING, FailureClass.UNKNOWN, 1)
     assert stored.last_error.startswith("payload upgrade from version 1 failed: ValueError")
     assert Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED
-    assert worker.counters.settled == {"dead": 1, "succeeded": 1}
+    assert worker.counters.settled == {"failed": 1, "succeeded": 1}
     assert "hunter2-secret" not in caplog.text + stored.last_error
 
 
