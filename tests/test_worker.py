@@ -424,6 +424,26 @@ def test_an_executor_that_fails_outside_a_job_hands_its_jobs_back_and_the_worker
     assert len(died) == 1 and "RuntimeError" in died[0].getMessage()
 
 
+def test_one_failed_executor_of_several_does_not_end_the_worker(caplog) -> None:
+    jobs = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"i": i}) for i in range(6)])
+    worker = Worker(concurrency=2, batch_size=1, burst=True, install_signals=False,
+                    poll_interval=0.05)
+    failed = threading.Event()
+
+    def fails_once(claimed: list) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("a claim listener failed")
+
+    worker.claim_listeners.append(fails_once)
+    # The other executor runs the burst to its end: the worker did not lose every executor.
+    assert worker.run() == 0
+    assert [s.crashed for s in worker._slots].count(True) == 1
+    assert len([r for r in caplog.records if "worker.executor_died" in r.getMessage()]) == 1
+    assert not [r for r in caplog.records if "worker.executors_lost" in r.getMessage()]
+    assert worker.counters.settled["succeeded"] >= len(jobs) - 1
+
+
 def test_a_thread_that_runs_on_after_its_timeout_gives_its_executor_back(caplog) -> None:
     stuck = django_pgjobs.enqueue("tests.stuck_past_timeout", {})
     worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])

@@ -338,7 +338,8 @@ class Worker:
         while not self._stop.is_set():
             # Done when no executor claims any more and no async job is left to look after.
             if not any(slot.alive for slot in self._slots) and not self.async_runner.in_flight():
-                if any(slot.crashed for slot in self._slots):
+                ended = [slot for slot in self._slots if not slot.abandoned]
+                if ended and all(slot.crashed for slot in ended):
                     logger.error("worker.executors_lost worker=%s: every executor failed; "
                                  "exiting with status %d", self.worker_id, EXIT_EXECUTORS_LOST)
                     self.exit_code = EXIT_EXECUTORS_LOST
