@@ -26,7 +26,7 @@ from .exceptions import Snooze, TimedOut
 from .outcomes import Outcome
 from .payloads import written_out
 from .registry import Handler, redactor_for, registry, upgrade_payload
-from .retry import classify, decide
+from .retry import Decision, classify, decide, decision_of
 from .status import FailureClass, TerminalReason
 from .tracing import traced_async_attempt, traced_attempt
 
@@ -147,7 +147,7 @@ def _raised(job: ClaimedJob, handler: Handler, started: float, exc: BaseExceptio
     failure_class, hint = classify(
         exc, retry_on=handler.retry_on, permanent_on=handler.permanent_on
     )
-    return _failed(job, started, failure_class, _describe(exc), tb, hint)
+    return _failed(job, started, failure_class, _describe(exc), tb, hint, decision_of(exc))
 
 
 def _returned(job: ClaimedJob, started: float, result: Any) -> Outcome:
@@ -185,8 +185,10 @@ def _failed(
     error: str,
     tb: str,
     hint: float | None = None,
+    decided: Decision | None = None,
 ) -> Outcome:
-    decision = decide(
+    """The failed outcome; ``decided``: what follows, when the handler decided it already."""
+    decision = decided or decide(
         failure_class, attempts=job.attempt, max_attempts=job.max_attempts,
         created_at=job.created_at, deadline=job.deadline, now=job.database_now(),
         hint_seconds=hint,
