@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..claimed import ClaimedJob
 from ..context import JobContext
-from ..executor import timed_out
+from ..executor import broke_around, timed_out
 from ..outcomes import Outcome
 from .settler import Settler
 
@@ -112,4 +112,15 @@ class RunningJobs:
             running.stop()
 
 
-__all__ = ["RunningJob", "RunningJobs"]
+def failed_around(job: ClaimedJob, exc: Exception, *, worker_id: str) -> Outcome:
+    """Log that the worker's own code failed around ``job``, and return the job's failure.
+
+    The exception's type only: its text may quote the payload, which logs must not show (the
+    stored error is scrubbed).
+    """
+    logger.error("worker.job_error worker=%s job=%s task=%s: %s around the job; recorded as its "
+                 "failure", worker_id, job.id, job.task, type(exc).__qualname__)
+    return broke_around(job, exc)
+
+
+__all__ = ["RunningJob", "RunningJobs", "failed_around"]

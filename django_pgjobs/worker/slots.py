@@ -22,14 +22,14 @@ from django.db import DatabaseError
 
 from ..claimed import ClaimedJob
 from ..context import JobContext
-from ..executor import broke_around, execute
+from ..executor import execute
 from ..outcomes import Outcome
 from ..registry import Handler, registry
 from ..transitions import cancel_requested
 from .aio import AsyncRunner
 from .connections import database_reachable, reset_connection
 from .isolation import ChildProcess
-from .running import RunningJob, RunningJobs
+from .running import RunningJob, RunningJobs, failed_around
 from .settler import Settler
 
 logger = logging.getLogger("django_pgjobs.worker")
@@ -145,10 +145,7 @@ class BatchRunner:
                 outcome = self._run_here(slot, job, ctx, process)
             except Exception as exc:  # the worker's own code failed: the job's failure, not
                 # the executor's death (the executor goes on with the rest of its batch)
-                logger.error("worker.job_error worker=%s job=%s task=%s: %s around the job; "
-                             "recorded as its failure", self.worker_id, job.id, job.task,
-                             type(exc).__qualname__)
-                outcome = broke_around(job, exc)
+                outcome = failed_around(job, exc, worker_id=self.worker_id)
             if outcome is not None:
                 self.settler.put(ctx.settlement(outcome))
 
