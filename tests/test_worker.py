@@ -11,7 +11,7 @@ import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
-from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
+from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
 from django_pgjobs.transitions import claim_jobs, rescue_expired_leases, settle
 from django_pgjobs.worker import EXIT_EXECUTORS_LOST, Worker
 from django_pgjobs.worker.core import ABANDONED_THREADS_PER_EXECUTOR
@@ -392,16 +392,17 @@ def test_an_upgrade_that_raises_fails_its_job_and_the_worker_runs_the_next_one(
 ) -> None:
     caplog.set_level("DEBUG")
     broken = django_pgjobs.enqueue(task, {"password": "hunter2-secret"}, payload_version=1,
-                                   priority=10)
+                                   priority=10, max_attempts=1)
     after = django_pgjobs.enqueue("tests.ok", {"after": "upgrade"})
     worker = Worker(batch_size=1, burst=True, install_signals=False, poll_interval=0.05)
     assert worker.run() == 0
     stored = Job.objects.get(pk=broken.pk)
-    assert (stored.status, stored.failure_class, stored.attempts) == (
-        JobStatus.RETRYING, FailureClass.UNKNOWN, 1)
+    # Its only attempt used up by an unknown failure, as a handler's ValueError would.
+    assert (stored.status, stored.failure_class, stored.terminal_reason, stored.attempts) == (
+        JobStatus.DEAD, FailureClass.UNKNOWN, TerminalReason.ATTEMPTS_EXHAUSTED, 1)
     assert stored.last_error.startswith("payload upgrade from version 1 failed: ValueError")
     assert Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED
-    assert worker.counters.settled == {"failed": 1, "succeeded": 1}
+    assert worker.counters.settled == {"dead": 1, "succeeded": 1}
     assert "hunter2-secret" not in caplog.text + stored.last_error
 
 
