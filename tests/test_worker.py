@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -12,9 +13,11 @@ from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
-from django_pgjobs.transitions import claim_jobs, rescue_expired_leases, settle
+from django_pgjobs.transitions import cancel_jobs, claim_jobs, rescue_expired_leases, settle
 from django_pgjobs.worker import EXIT_EXECUTORS_LOST, Worker
 from django_pgjobs.worker.core import ABANDONED_THREADS_PER_EXECUTOR
+from django_pgjobs.worker.isolation import ChildProcess
+from testproject.demo.models import LedgerEntry
 from tests import handlers
 from tests.conftest import wait_for
 
@@ -488,3 +491,48 @@ def test_past_the_limit_of_given_up_threads_a_stuck_executor_keeps_its_slot(capl
     worker.stop()
     thread.join(10)
     assert not thread.is_alive()
+
+
+# --- process isolation, with real child processes -----------------------------------------------
+
+
+def test_a_process_isolated_timeout_counts_from_the_handlers_start(monkeypatch) -> None:
+    # The child's start-up alone (2 s) is longer than the handler's 1 s timeout.
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_child_settings")
+    job = django_pgjobs.enqueue("demo.sleep_process", {"seconds": 0.2})
+    worker = Worker(burst=True, install_signals=False, poll_interval=0.05, maintenance=[])
+    assert worker.run() == 0
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.status, stored.failure_class) == (JobStatus.SUCCEEDED, "")
+    assert stored.result not in (None, os.getpid())
+
+
+def test_a_stop_before_the_child_is_up_keeps_the_handler_from_starting() -> None:
+    django_pgjobs.enqueue("demo.process_effects", {"count": 3, "every": 0})
+    [job] = claim_jobs("w1", "default", 1)
+    child = ChildProcess(worker_id="w1", using="default")
+    try:
+        child.kill(job)  # a cancel or a timeout that came before the child was started
+        assert child.run(job) is None
+    finally:
+        child.close()
+    assert not LedgerEntry.objects.filter(job_id=job.id).exists()
+
+
+def test_a_cancel_while_the_child_starts_up_keeps_the_handler_from_starting(
+    monkeypatch, settings
+) -> None:
+    settings.PGJOBS_CANCEL_CHECK_SECONDS = 0.05
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_child_settings")
+    job = django_pgjobs.enqueue("demo.process_effects", {"count": 3, "every": 0})
+    worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
+    thread = run_in_thread(worker)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING, 10)
+    cancel_jobs([job.pk])
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED, 10)
+    worker.stop()
+    thread.join(15)
+    assert not thread.is_alive()
+    # The worker waited for its children: one that had started the handler wrote rows.
+    assert not LedgerEntry.objects.filter(job_id=job.pk).exists()
+    assert outcomes_of(job.pk) == [AttemptOutcome.CANCELLED]

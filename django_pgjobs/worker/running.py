@@ -29,12 +29,20 @@ logger = logging.getLogger("django_pgjobs.worker")
 class RunningJob:
     job: ClaimedJob
     ctx: JobContext
-    started: float  # this process's monotonic clock when the handler started
+    # This process's monotonic clock when the handler started; None while a child process
+    # that will run it starts up (its timeout counts from the handler's start).
+    started: float | None
     # Stops the handler where that is possible: kills its child process, cancels its task.
     stop: Callable[[], None] | None = None
     taken_over: bool = False
 
+    def start(self) -> None:
+        """Note that the handler starts now."""
+        self.started = time.monotonic()
+
     def ran_seconds(self, now: float | None = None) -> float:
+        if self.started is None:
+            return 0.0
         return (time.monotonic() if now is None else now) - self.started
 
 
@@ -75,7 +83,8 @@ class RunningJobs:
         taken = 0
         for running in self.snapshot():
             limit = running.job.timeout_seconds
-            if running.taken_over or limit is None or running.ran_seconds(now) < limit:
+            if (running.taken_over or limit is None or running.started is None
+                    or running.ran_seconds(now) < limit):
                 continue
             self.take_over(running, timed_out(running.job, ran_seconds=running.ran_seconds(now)),
                            timed_out=True)

@@ -11,6 +11,7 @@ lease (it cannot be killed; a child process can, and is).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -153,18 +154,20 @@ class BatchRunner:
         self, slot: Slot, job: ClaimedJob, ctx: JobContext, process: bool
     ) -> Outcome | None:
         """Run one job in this slot's thread or its child; None when the child was killed."""
-        stop = None
+        child = stop = None
         if process:
             if slot.child is None:
                 slot.child = ChildProcess(worker_id=self.worker_id, using=self.using)
-            stop = slot.child.kill
-        self.running.started(RunningJob(job, ctx, time.monotonic(), stop=stop))
+            child = slot.child
+            stop = functools.partial(child.kill, job)
+        # A child's handler starts once the child is up: it says when (``running.start``).
+        running = RunningJob(job, ctx, None if child else time.monotonic(), stop=stop)
+        self.running.started(running)
         if slot.heartbeat:
             self.settler.watch(ctx)
         try:
-            if process:
-                assert slot.child is not None
-                return slot.child.run(job)
+            if child is not None:
+                return child.run(job, started=running.start)
             return execute(job, ctx)
         finally:
             if slot.heartbeat:
@@ -246,7 +249,7 @@ class Watchdog:
             # and start a fresh one.
             if job.lease_left_seconds() < -job.lease_seconds:
                 if slot.child is not None:
-                    slot.child.kill()
+                    slot.child.kill(job)
                     continue
                 self._abandon(slot, job, slots, "ran past twice its lease")
 
