@@ -461,6 +461,9 @@ def test_a_thread_that_runs_on_after_its_timeout_gives_its_executor_back(caplog)
     finally:
         handlers.gate.set()
     wait_for(lambda: worker.counters.lost == 1, 10)  # the handler's late report
+    # Its thread ended: the given-up slot (and the connection it held) is gone.
+    wait_for(lambda: len(worker._slots) == 1, 10)
+    assert not worker._slots[0].abandoned
     worker.stop()
     thread.join(10)
     stored = Job.objects.get(pk=stuck.pk)
@@ -471,6 +474,20 @@ def test_a_thread_that_runs_on_after_its_timeout_gives_its_executor_back(caplog)
             (AttemptOutcome.TIMED_OUT, FailureClass.TIMEOUT, AttemptOutcome.SUCCEEDED)]
     assert ("stuck-end", stuck.pk) in handlers.events
     assert len([r for r in caplog.records if "worker.abandon " in r.getMessage()]) == 1
+
+
+def test_a_handler_returning_just_after_its_timeout_keeps_its_executor(caplog) -> None:
+    job = django_pgjobs.enqueue("tests.returns_when_timed_out", {})
+    worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
+    thread = run_in_thread(worker)
+    # Told of the takeover, it returned, and its executor is free again.
+    wait_for(lambda: ("told", job.pk) in handlers.events and worker._slots[0].job is None, 20)
+    wait_for(lambda: outcomes_of(job.pk) == [AttemptOutcome.TIMED_OUT], 10)
+    worker.stop()
+    thread.join(10)
+    # It returned within the grace: its thread was not given up, no executor was started.
+    assert [r.getMessage() for r in caplog.records if "worker.abandon" in r.getMessage()] == []
+    assert [(s.index, s.abandoned) for s in worker._slots] == [(0, False)]
 
 
 def test_past_the_limit_of_given_up_threads_a_stuck_executor_keeps_its_slot(caplog) -> None:
@@ -488,6 +505,8 @@ def test_past_the_limit_of_given_up_threads_a_stuck_executor_keeps_its_slot(capl
             JobStatus.DEAD}, 20)
     finally:
         handlers.gate.set()
+    # Every stuck thread returned: the given-up slots and the note of the kept one are gone.
+    wait_for(lambda: len(worker._slots) == 1 and not worker.watchdog._kept, 10)
     worker.stop()
     thread.join(10)
     assert not thread.is_alive()

@@ -35,6 +35,7 @@ class RunningJob:
     # Stops the handler where that is possible: kills its child process, cancels its task.
     stop: Callable[[], None] | None = None
     taken_over: bool = False
+    taken_over_at: float = 0.0  # this process's monotonic clock at the takeover
 
     def start(self) -> None:
         """Note that the handler starts now."""
@@ -67,11 +68,14 @@ class RunningJobs:
         with self._lock:
             return list(self._jobs.values())
 
-    def left_running(self, job_id: int) -> bool:
-        """Whether ``job_id`` was taken over while its thread, which nothing can stop, runs on."""
+    def left_running(self, job_id: int) -> float | None:
+        """How long ago ``job_id`` was taken over while its thread, which nothing can stop, runs
+        on; None if it was not, or can be stopped."""
         with self._lock:
             running = self._jobs.get(job_id)
-            return running is not None and running.taken_over and running.stop is None
+            if running is None or not running.taken_over or running.stop is not None:
+                return None
+            return time.monotonic() - running.taken_over_at
 
     def ids(self) -> list[int]:
         with self._lock:
@@ -109,7 +113,7 @@ class RunningJobs:
         with self._lock:
             if running.taken_over:
                 return
-            running.taken_over = True
+            running.taken_over, running.taken_over_at = True, time.monotonic()
         running.ctx.taken_over(timed_out=timed_out, cancelled=cancelled)
         self.settler.put(outcome)
         logger.warning("job.%s id=%s task=%s worker=%s after %.1fs; %s",
