@@ -27,10 +27,21 @@ PARENT_CHECK_SECONDS = 0.1
 EXIT_ORPHANED = 70
 
 
+# What the child sends when it is set up and waits for a job, and when a job's handler starts:
+# the parent sends a job only to a ready child, and counts the job's timeout from its start.
+READY = "ready"
+STARTED = "started"
+
+
 def run_jobs(conn: Connection, parent_pid: int, using: str, database: str) -> None:
     """Set Django up, then run each job the parent sends and send back its outcome.
 
-    ``database`` is the name of the database the parent uses for ``using``.
+    ``database`` is the name of the database the parent uses for ``using``. In a deployed
+    worker it is the name the settings give; under a test runner (Django's, pytest-django's),
+    which points the parent's connection at the test database by changing only its NAME after
+    start-up, it is that test database's, which the child's freshly read settings do not name.
+    ``testing.drain`` runs process-isolated handlers in children too, so every project's test
+    run that reaches one needs this, not only this package's own tests.
     """
     die_with_parent(parent_pid)
     import django
@@ -43,6 +54,7 @@ def run_jobs(conn: Connection, parent_pid: int, using: str, database: str) -> No
     from .context import JobContext
     from .executor import execute
 
+    conn.send(READY)
     while True:
         message = conn.recv()
         if message is None:
@@ -50,6 +62,7 @@ def run_jobs(conn: Connection, parent_pid: int, using: str, database: str) -> No
         job, worker_id, using = message
         if os.getppid() != parent_pid:  # the worker died while the job was on its way
             os._exit(EXIT_ORPHANED)
+        conn.send(STARTED)
         conn.send(execute(job, JobContext(job, worker_id=worker_id, using=using)))
 
 

@@ -42,7 +42,8 @@ DEFAULT_PREPARED_STATEMENTS: bool | None = None
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
 # How often a worker asks whether an operator cancelled one of its running jobs.
 DEFAULT_CANCEL_CHECK_SECONDS = 0.5
-# How long a process-isolated handler's child gets after SIGTERM before SIGKILL.
+# How long a process-isolated handler's child gets after SIGTERM before SIGKILL, and a thread
+# handler taken over gets to return before its thread is given up.
 DEFAULT_KILL_GRACE_SECONDS = 2.0
 # A --burst worker that cannot reach its database for this long exits non-zero; a long-running
 # worker retries for as long as an outage lasts.

@@ -1,4 +1,7 @@
-"""Run one claimed job and turn what happened into an ``Outcome``. Never raises.
+"""Run one claimed job and turn what happened into an ``Outcome``.
+
+Whatever the handler raises is its outcome; of the code around it (a payload's upgrade), an
+``Exception`` is, while an interrupt or ``SystemExit`` stops the caller as anywhere else.
 
 ``execute`` runs a handler in the calling thread; ``aexecute`` awaits an async handler on the
 caller's event loop. Both share every step but the call, so a job means the same either way.
@@ -23,7 +26,7 @@ from .exceptions import Snooze, TimedOut
 from .outcomes import Outcome
 from .payloads import written_out
 from .registry import Handler, redactor_for, registry, upgrade_payload
-from .retry import classify, decide
+from .retry import Decision, classify, decide, decision_of
 from .status import FailureClass, TerminalReason
 from .tracing import traced_async_attempt, traced_attempt
 
@@ -126,12 +129,15 @@ def _prepare(job: ClaimedJob, started: float) -> tuple[Handler, Any] | Outcome:
         return handler, upgrade_payload(handler, job.payload, job.payload_version)
     except LookupError as exc:  # a missing upgrade step: no retry can decode this payload
         return _failed(job, started, FailureClass.PERMANENT, _describe(exc), "")
-    except BaseException as exc:
-        # An upgrade step's error is the job's, as a handler's is: recorded and scrubbed, never
-        # the worker's crash. The same payload fails the same step again: no retry would help.
-        return _failed(job, started, FailureClass.PERMANENT,
+    except Exception as exc:
+        # An upgrade step is the handler's code: its error is classified, recorded and scrubbed
+        # as the handler's own would be (a step that read something unreachable may work on
+        # the next attempt), never the worker's crash.
+        failure_class, hint = classify(
+            exc, retry_on=handler.retry_on, permanent_on=handler.permanent_on)
+        return _failed(job, started, failure_class,
                        f"payload upgrade from version {job.payload_version} failed: "
-                       f"{_describe(exc)}", "".join(traceback.format_exception(exc)))
+                       f"{_describe(exc)}", "".join(traceback.format_exception(exc)), hint)
 
 
 def _raised(job: ClaimedJob, handler: Handler, started: float, exc: BaseException) -> Outcome:
@@ -141,7 +147,7 @@ def _raised(job: ClaimedJob, handler: Handler, started: float, exc: BaseExceptio
     failure_class, hint = classify(
         exc, retry_on=handler.retry_on, permanent_on=handler.permanent_on
     )
-    return _failed(job, started, failure_class, _describe(exc), tb, hint)
+    return _failed(job, started, failure_class, _describe(exc), tb, hint, decision_of(exc))
 
 
 def _returned(job: ClaimedJob, started: float, result: Any) -> Outcome:
@@ -179,8 +185,10 @@ def _failed(
     error: str,
     tb: str,
     hint: float | None = None,
+    decided: Decision | None = None,
 ) -> Outcome:
-    decision = decide(
+    """The failed outcome; ``decided``: what follows, when the handler decided it already."""
+    decision = decided or decide(
         failure_class, attempts=job.attempt, max_attempts=job.max_attempts,
         created_at=job.created_at, deadline=job.deadline, now=job.database_now(),
         hint_seconds=hint,

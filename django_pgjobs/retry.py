@@ -164,6 +164,24 @@ def with_verdict(exc: E, verdict: Verdict) -> E:
     return exc
 
 
+# The attribute a decision already made about an exception travels in: the django.tasks backend
+# decides when its task fails (whether Django's task_finished is due), and the worker records
+# that decision rather than draw a second one that could disagree near a deadline or a jitter.
+_DECISION = "_pgjobs_decision"
+
+
+def with_decision(exc: E, decision: Decision) -> E:
+    """Attach the ``decision`` made about ``exc`` (then raise it) and return it."""
+    setattr(exc, _DECISION, decision)
+    return exc
+
+
+def decision_of(exc: BaseException) -> Decision | None:
+    """The decision attached to ``exc`` by ``with_decision``, if any."""
+    decision = getattr(exc, _DECISION, None)
+    return decision if isinstance(decision, Decision) else None
+
+
 def backoff_replaceable(failure_class: FailureClass) -> bool:
     """Whether a verdict's ``retry_in`` replaces the wait of this class (an exponential one)."""
     rule = POLICY[failure_class]

@@ -478,25 +478,30 @@ def _run_in_child(job: ClaimedJob, using: str) -> Outcome:
     does. Only outside a transaction: a child cannot see what the test's transaction wrote."""
     child = ChildProcess(worker_id=WORKER_ID, using=using)
     killed = threading.Event()
+    timers: list[threading.Timer] = []
+    started: list[float] = []
 
     def kill() -> None:
         killed.set()
-        child.kill()
+        child.kill(job)
 
-    timer = None if job.timeout_seconds is None else threading.Timer(job.timeout_seconds, kill)
-    started = time.monotonic()
+    def start() -> None:
+        # The timeout counts from the handler's start, not from the child's start-up.
+        started.append(time.monotonic())
+        if job.timeout_seconds is not None:
+            timers.append(threading.Timer(job.timeout_seconds, kill))
+            timers[0].start()
+
     try:
-        if timer is not None:
-            timer.start()
-        outcome = child.run(job)
+        outcome = child.run(job, started=start)
     finally:
-        if timer is not None:
+        for timer in timers:
             timer.cancel()
         child.close()
     if outcome is not None:
         return outcome
     if killed.is_set():
-        return timed_out(job, ran_seconds=time.monotonic() - started)
+        return timed_out(job, ran_seconds=time.monotonic() - started[0])
     # A worker would leave the job to its lease and the rescue step: here it fails at once.
     return broke_around(job, ChildProcessError("the child process running the job died"))
 

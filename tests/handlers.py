@@ -197,6 +197,16 @@ def _upgrade_fails_async_v1_to_v2(payload: Any) -> Any:
     raise ValueError(f"cannot upgrade {payload!r}")
 
 
+@job("tests.returns_when_timed_out", timeout=0.3, lease=timedelta(seconds=30), max_attempts=1)
+def returns_when_timed_out(ctx: JobContext, payload: Any) -> str:
+    """Run until told of the timeout (or 30 s pass), then return at once."""
+    deadline = time.monotonic() + 30
+    while not ctx.timed_out and time.monotonic() < deadline:
+        time.sleep(0.01)
+    events.append(("told", ctx.job_id))
+    return "late"
+
+
 @job("tests.stuck_past_timeout", timeout=1.0, lease=timedelta(seconds=30), max_attempts=1)
 def stuck_past_timeout(ctx: JobContext, payload: Any) -> str:
     """Run on past the timeout until the test opens the gate (or 30 s pass), then return."""

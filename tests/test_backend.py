@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core import checks
 from django.db import transaction
+from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
 
@@ -704,6 +705,29 @@ def test_task_finished_is_sent_once_when_the_job_is_dead_and_a_retry_is_a_warnin
     django_errors = [r for r in caplog.records
                      if r.name in ("django.tasks", "django_tasks") and r.levelname == "ERROR"]
     assert len(django_errors) == 1
+
+
+@pytest.mark.django_db
+def test_near_its_deadline_a_task_is_finished_exactly_when_its_job_ends() -> None:
+    # RetryAfter(120) waits 120 to 132 s: with the deadline 126 s away, whether a retry fits is a
+    # coin toss. Decided twice, the signal and the job's state would disagree about half the time.
+    finished: list[str] = []
+
+    def receiver(sender: type, task_result: Any, **kwargs: Any) -> None:
+        finished.append(task_result.id)
+
+    results = [rate_limited.enqueue() for _ in range(16)]
+    Job.objects.update(deadline=Now() + timedelta(seconds=126))
+    task_finished.connect(receiver)
+    try:
+        runs = drain()
+    finally:
+        task_finished.disconnect(receiver)
+    assert sorted(r.job_id for r in runs) == sorted(int(r.id) for r in results)
+    ended = {str(r.job_id) for r in runs if r.status == JobStatus.DEAD}
+    assert {str(r.job_id) for r in runs if r.status == JobStatus.RETRYING} | ended == {
+        r.id for r in results}
+    assert sorted(finished) == sorted(ended)
 
 
 @task()

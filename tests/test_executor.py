@@ -172,14 +172,66 @@ def test_errors_are_scrubbed_before_they_are_cut() -> None:
     assert "postgres://app:[redacted]@db/x" in attempt.traceback
 
 
-def test_an_upgrade_that_raises_ends_the_job_dead_as_permanent_with_its_secret_scrubbed() -> None:
+def test_an_upgrade_that_raises_is_classified_like_a_handler_error_with_its_secret_scrubbed(
+) -> None:
     job, attempt = run_one("tests.upgrade_fails", {"password": "hunter2-secret", "n": 1},
                            payload_version=1, max_attempts=5)
+    # A ValueError from a handler is an unknown failure, retried: so is one from its upgrade.
     assert (job.status, job.terminal_reason, job.failure_class, job.attempts) == (
-        JobStatus.DEAD, TerminalReason.PERMANENT_ERROR, FailureClass.PERMANENT, 1)
+        JobStatus.RETRYING, "", FailureClass.UNKNOWN, 1)
     assert job.last_error == ("payload upgrade from version 1 failed: ValueError: cannot "
                               "upgrade {'n': 1, 'password': [redacted]}")
-    assert attempt.outcome == AttemptOutcome.DEAD
+    assert attempt.outcome == AttemptOutcome.FAILED
     assert "_upgrade_fails_v1_to_v2" in attempt.traceback
     for text in (job.last_error, attempt.error, attempt.traceback):
         assert "hunter2-secret" not in text
+
+
+@django_pgjobs.job("tests.executor.upgrade_unreachable", version=2)
+def upgrade_unreachable(ctx, payload):
+    return payload
+
+
+@upgrade_unreachable.upgrade(from_version=1)
+def _upgrade_unreachable_v1(payload):
+    raise ConnectionError("the rates service is down")
+
+
+@django_pgjobs.job("tests.executor.upgrade_permanent_on", version=2, permanent_on=(ValueError,))
+def upgrade_permanent_on(ctx, payload):
+    return payload
+
+
+@upgrade_permanent_on.upgrade(from_version=1)
+def _upgrade_permanent_on_v1(payload):
+    raise ValueError("no such currency")
+
+
+@django_pgjobs.job("tests.executor.upgrade_interrupted", version=2)
+def upgrade_interrupted(ctx, payload):
+    return payload
+
+
+@upgrade_interrupted.upgrade(from_version=1)
+def _upgrade_interrupted_v1(payload):
+    raise KeyboardInterrupt
+
+
+def test_an_upgrade_that_fails_transiently_is_retried() -> None:
+    job, _ = run_one("tests.executor.upgrade_unreachable", {}, payload_version=1)
+    assert (job.status, job.failure_class) == (JobStatus.RETRYING, FailureClass.TRANSIENT)
+    assert job.last_error == ("payload upgrade from version 1 failed: ConnectionError: the "
+                              "rates service is down")
+
+
+def test_an_upgrade_error_the_handler_names_permanent_ends_the_job() -> None:
+    job, _ = run_one("tests.executor.upgrade_permanent_on", {}, payload_version=1,
+                     max_attempts=5)
+    assert (job.status, job.terminal_reason, job.failure_class) == (
+        JobStatus.DEAD, TerminalReason.PERMANENT_ERROR, FailureClass.PERMANENT)
+
+
+def test_an_interrupt_in_an_upgrade_is_not_recorded_as_the_jobs_failure() -> None:
+    django_pgjobs.enqueue("tests.executor.upgrade_interrupted", {}, payload_version=1)
+    with pytest.raises(KeyboardInterrupt):
+        drain(max_jobs=1)

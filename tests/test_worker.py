@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -11,10 +12,12 @@ import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
-from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
-from django_pgjobs.transitions import claim_jobs, rescue_expired_leases, settle
+from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from django_pgjobs.transitions import cancel_jobs, claim_jobs, rescue_expired_leases, settle
 from django_pgjobs.worker import EXIT_EXECUTORS_LOST, Worker
 from django_pgjobs.worker.core import ABANDONED_THREADS_PER_EXECUTOR
+from django_pgjobs.worker.isolation import ChildProcess
+from testproject.demo.models import LedgerEntry
 from tests import handlers
 from tests.conftest import wait_for
 
@@ -392,13 +395,14 @@ def test_an_upgrade_that_raises_fails_its_job_and_the_worker_runs_the_next_one(
 ) -> None:
     caplog.set_level("DEBUG")
     broken = django_pgjobs.enqueue(task, {"password": "hunter2-secret"}, payload_version=1,
-                                   priority=10)
+                                   priority=10, max_attempts=1)
     after = django_pgjobs.enqueue("tests.ok", {"after": "upgrade"})
     worker = Worker(batch_size=1, burst=True, install_signals=False, poll_interval=0.05)
     assert worker.run() == 0
     stored = Job.objects.get(pk=broken.pk)
-    assert (stored.status, stored.failure_class, stored.attempts) == (
-        JobStatus.DEAD, FailureClass.PERMANENT, 1)
+    # Its only attempt used up by an unknown failure, as a handler's ValueError would.
+    assert (stored.status, stored.failure_class, stored.terminal_reason, stored.attempts) == (
+        JobStatus.DEAD, FailureClass.UNKNOWN, TerminalReason.ATTEMPTS_EXHAUSTED, 1)
     assert stored.last_error.startswith("payload upgrade from version 1 failed: ValueError")
     assert Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED
     assert worker.counters.settled == {"dead": 1, "succeeded": 1}
@@ -424,6 +428,26 @@ def test_an_executor_that_fails_outside_a_job_hands_its_jobs_back_and_the_worker
     assert len(died) == 1 and "RuntimeError" in died[0].getMessage()
 
 
+def test_one_failed_executor_of_several_does_not_end_the_worker(caplog) -> None:
+    jobs = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"i": i}) for i in range(6)])
+    worker = Worker(concurrency=2, batch_size=1, burst=True, install_signals=False,
+                    poll_interval=0.05)
+    failed = threading.Event()
+
+    def fails_once(claimed: list) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("a claim listener failed")
+
+    worker.claim_listeners.append(fails_once)
+    # The other executor runs the burst to its end: the worker did not lose every executor.
+    assert worker.run() == 0
+    assert [s.crashed for s in worker._slots].count(True) == 1
+    assert len([r for r in caplog.records if "worker.executor_died" in r.getMessage()]) == 1
+    assert not [r for r in caplog.records if "worker.executors_lost" in r.getMessage()]
+    assert worker.counters.settled["succeeded"] >= len(jobs) - 1
+
+
 def test_a_thread_that_runs_on_after_its_timeout_gives_its_executor_back(caplog) -> None:
     stuck = django_pgjobs.enqueue("tests.stuck_past_timeout", {})
     worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
@@ -437,6 +461,9 @@ def test_a_thread_that_runs_on_after_its_timeout_gives_its_executor_back(caplog)
     finally:
         handlers.gate.set()
     wait_for(lambda: worker.counters.lost == 1, 10)  # the handler's late report
+    # Its thread ended: the given-up slot (and the connection it held) is gone.
+    wait_for(lambda: len(worker._slots) == 1, 10)
+    assert not worker._slots[0].abandoned
     worker.stop()
     thread.join(10)
     stored = Job.objects.get(pk=stuck.pk)
@@ -447,6 +474,20 @@ def test_a_thread_that_runs_on_after_its_timeout_gives_its_executor_back(caplog)
             (AttemptOutcome.TIMED_OUT, FailureClass.TIMEOUT, AttemptOutcome.SUCCEEDED)]
     assert ("stuck-end", stuck.pk) in handlers.events
     assert len([r for r in caplog.records if "worker.abandon " in r.getMessage()]) == 1
+
+
+def test_a_handler_returning_just_after_its_timeout_keeps_its_executor(caplog) -> None:
+    job = django_pgjobs.enqueue("tests.returns_when_timed_out", {})
+    worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
+    thread = run_in_thread(worker)
+    # Told of the takeover, it returned, and its executor is free again.
+    wait_for(lambda: ("told", job.pk) in handlers.events and worker._slots[0].job is None, 20)
+    wait_for(lambda: outcomes_of(job.pk) == [AttemptOutcome.TIMED_OUT], 10)
+    worker.stop()
+    thread.join(10)
+    # It returned within the grace: its thread was not given up, no executor was started.
+    assert [r.getMessage() for r in caplog.records if "worker.abandon" in r.getMessage()] == []
+    assert [(s.index, s.abandoned) for s in worker._slots] == [(0, False)]
 
 
 def test_past_the_limit_of_given_up_threads_a_stuck_executor_keeps_its_slot(caplog) -> None:
@@ -464,6 +505,53 @@ def test_past_the_limit_of_given_up_threads_a_stuck_executor_keeps_its_slot(capl
             JobStatus.DEAD}, 20)
     finally:
         handlers.gate.set()
+    # Every stuck thread returned: the given-up slots and the note of the kept one are gone.
+    wait_for(lambda: len(worker._slots) == 1 and not worker.watchdog._kept, 10)
     worker.stop()
     thread.join(10)
     assert not thread.is_alive()
+
+
+# --- process isolation, with real child processes -----------------------------------------------
+
+
+def test_a_process_isolated_timeout_counts_from_the_handlers_start(monkeypatch) -> None:
+    # The child's start-up alone (2 s) is longer than the handler's 1 s timeout.
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_child_settings")
+    job = django_pgjobs.enqueue("demo.sleep_process", {"seconds": 0.2})
+    worker = Worker(burst=True, install_signals=False, poll_interval=0.05, maintenance=[])
+    assert worker.run() == 0
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.status, stored.failure_class) == (JobStatus.SUCCEEDED, "")
+    assert stored.result not in (None, os.getpid())
+
+
+def test_a_stop_before_the_child_is_up_keeps_the_handler_from_starting() -> None:
+    django_pgjobs.enqueue("demo.process_effects", {"count": 3, "every": 0})
+    [job] = claim_jobs("w1", "default", 1)
+    child = ChildProcess(worker_id="w1", using="default")
+    try:
+        child.kill(job)  # a cancel or a timeout that came before the child was started
+        assert child.run(job) is None
+    finally:
+        child.close()
+    assert not LedgerEntry.objects.filter(job_id=job.id).exists()
+
+
+def test_a_cancel_while_the_child_starts_up_keeps_the_handler_from_starting(
+    monkeypatch, settings
+) -> None:
+    settings.PGJOBS_CANCEL_CHECK_SECONDS = 0.05
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_child_settings")
+    job = django_pgjobs.enqueue("demo.process_effects", {"count": 3, "every": 0})
+    worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
+    thread = run_in_thread(worker)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING, 10)
+    cancel_jobs([job.pk])
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED, 10)
+    worker.stop()
+    thread.join(15)
+    assert not thread.is_alive()
+    # The worker waited for its children: one that had started the handler wrote rows.
+    assert not LedgerEntry.objects.filter(job_id=job.pk).exists()
+    assert outcomes_of(job.pk) == [AttemptOutcome.CANCELLED]

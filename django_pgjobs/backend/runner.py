@@ -19,7 +19,15 @@ from ..conf import settings
 from ..exceptions import EnqueueError, Snooze
 from ..redaction import Redactor
 from ..registry import Handler, redactor_for
-from ..retry import Decision, Verdict, backoff_replaceable, classify, decide, with_verdict
+from ..retry import (
+    Decision,
+    Verdict,
+    backoff_replaceable,
+    classify,
+    decide,
+    with_decision,
+    with_verdict,
+)
 from ..status import JobStatus
 from ..validation import DURATION_MAX_SECONDS, number_problem, shown
 from .compat import (
@@ -231,18 +239,16 @@ def _normalized(value: Any) -> Any:
 def _decision(exc: BaseException, ctx: JobContext) -> Decision:
     """What the worker will do after this failure: retry (when) or end the job.
 
-    The worker decides again from the same exception once the task raised; the wait decided
-    here is attached to the exception when the policy's wait is the exponential one, so both
-    name the same next run. A task's handler has no retry_on or permanent_on of its own.
+    Decided once, here: the decision is attached to the exception and the worker records it as
+    it is, so the job ends exactly when this run sent ``task_finished``. A task's handler has no
+    retry_on or permanent_on of its own.
     """
     failure_class, hint = classify(exc)
     job = ctx.job
     decision = decide(failure_class, attempts=job.attempt, max_attempts=job.max_attempts,
                       created_at=job.created_at, deadline=job.deadline, now=job.database_now(),
                       hint_seconds=hint)
-    if (decision.status is JobStatus.RETRYING and decision.delay_seconds is not None
-            and hint is None and backoff_replaceable(failure_class)):
-        with_verdict(exc, Verdict(retry_in=decision.delay_seconds))
+    with_decision(exc, decision)
     return decision
 
 

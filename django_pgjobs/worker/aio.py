@@ -21,8 +21,8 @@ from django.db import connections
 
 from ..claimed import ClaimedJob
 from ..context import JobContext
-from ..executor import aexecute, broke_around
-from .running import RunningJob, RunningJobs
+from ..executor import aexecute
+from .running import RunningJob, RunningJobs, failed_around
 from .settler import Settler
 
 logger = logging.getLogger("django_pgjobs.worker")
@@ -114,10 +114,7 @@ class AsyncRunner:
         try:
             outcome = await aexecute(job, ctx)
         except Exception as exc:  # the worker's own code failed: the job's failure
-            logger.error("worker.job_error worker=%s job=%s task=%s: %s around the job; "
-                         "recorded as its failure", self.worker_id, job.id, job.task,
-                         type(exc).__qualname__)
-            outcome = broke_around(job, exc)
+            outcome = failed_around(job, exc, worker_id=self.worker_id)
         finally:
             if heartbeat:
                 self.settler.unwatch(ctx)

@@ -16,6 +16,7 @@ Threads, each with its own database connection:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -65,8 +66,10 @@ RECONNECT_MAX_SECONDS = 5.0
 EXIT_DATABASE_UNREACHABLE = 3
 # The exit status of a worker whose executors all failed (each failure is logged).
 EXIT_EXECUTORS_LOST = 4
-# A thread that cannot be stopped (a handler past its timeout, cancelled, or hung past twice its
-# lease) is given up and its executor replaced, up to this many such threads per executor at once.
+# A thread that cannot be stopped (a handler past its timeout or cancelled, and still running
+# after PGJOBS_KILL_GRACE_SECONDS, or hung past twice its lease) is given up and its executor
+# replaced, up to this many such threads per executor at once: each keeps its database
+# connection until its handler returns.
 ABANDONED_THREADS_PER_EXECUTOR = 4
 # Each executor holds a database connection; a claim of a batch holds its rows' locks.
 MAX_CONCURRENCY = 100
@@ -200,9 +203,10 @@ class Worker:
                                   worker_id=self.worker_id, using=using,
                                   stopping=lambda: self.stopping)
         self.watchdog = Watchdog(
-            self.runner, start_slot=lambda: self._start_slot(Slot(len(self._slots))),
+            self.runner, start_slot=lambda: self._start_slot(Slot(next(self._slot_numbers))),
             cancel_every=float(settings.CANCEL_CHECK_SECONDS),
             max_abandoned=ABANDONED_THREADS_PER_EXECUTOR * concurrency,
+            grace=float(settings.KILL_GRACE_SECONDS),
         )
         # Called with (outcome, applied) after each settlement; metrics hook in here.
         self.settle_listeners: list[Callable[[Outcome, bool], None]] = []
@@ -212,7 +216,8 @@ class Worker:
         self._stop = threading.Event()
         self._wake = threading.Condition()
         self._wake_generation = 0
-        self._slots: list[Slot] = []
+        self._slots: list[Slot] = []  # the main thread's; given-up ones go once they end
+        self._slot_numbers = itertools.count()
         self._listener: Listener | None = None
         self._signals_seen = 0
 
@@ -240,8 +245,8 @@ class Worker:
                 noticed=self.rotation.noticed,
             )
             self._listener.start()
-        for index in range(self.concurrency):
-            self._start_slot(Slot(index))
+        for _ in range(self.concurrency):
+            self._start_slot(Slot(next(self._slot_numbers)))
         try:
             self._main_loop()
         finally:
@@ -338,7 +343,8 @@ class Worker:
         while not self._stop.is_set():
             # Done when no executor claims any more and no async job is left to look after.
             if not any(slot.alive for slot in self._slots) and not self.async_runner.in_flight():
-                if any(slot.crashed for slot in self._slots):
+                ended = [slot for slot in self._slots if not slot.abandoned]
+                if ended and all(slot.crashed for slot in ended):
                     logger.error("worker.executors_lost worker=%s: every executor failed; "
                                  "exiting with status %d", self.worker_id, EXIT_EXECUTORS_LOST)
                     self.exit_code = EXIT_EXECUTORS_LOST

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..claimed import ClaimedJob
 from ..context import JobContext
-from ..executor import timed_out
+from ..executor import broke_around, timed_out
 from ..outcomes import Outcome
 from .settler import Settler
 
@@ -29,12 +29,21 @@ logger = logging.getLogger("django_pgjobs.worker")
 class RunningJob:
     job: ClaimedJob
     ctx: JobContext
-    started: float  # this process's monotonic clock when the handler started
+    # This process's monotonic clock when the handler started; None while a child process
+    # that will run it starts up (its timeout counts from the handler's start).
+    started: float | None
     # Stops the handler where that is possible: kills its child process, cancels its task.
     stop: Callable[[], None] | None = None
     taken_over: bool = False
+    taken_over_at: float = 0.0  # this process's monotonic clock at the takeover
+
+    def start(self) -> None:
+        """Note that the handler starts now."""
+        self.started = time.monotonic()
 
     def ran_seconds(self, now: float | None = None) -> float:
+        if self.started is None:
+            return 0.0
         return (time.monotonic() if now is None else now) - self.started
 
 
@@ -59,11 +68,14 @@ class RunningJobs:
         with self._lock:
             return list(self._jobs.values())
 
-    def left_running(self, job_id: int) -> bool:
-        """Whether ``job_id`` was taken over while its thread, which nothing can stop, runs on."""
+    def left_running(self, job_id: int) -> float | None:
+        """How long ago ``job_id`` was taken over while its thread, which nothing can stop, runs
+        on; None if it was not, or can be stopped."""
         with self._lock:
             running = self._jobs.get(job_id)
-            return running is not None and running.taken_over and running.stop is None
+            if running is None or not running.taken_over or running.stop is not None:
+                return None
+            return time.monotonic() - running.taken_over_at
 
     def ids(self) -> list[int]:
         with self._lock:
@@ -75,7 +87,8 @@ class RunningJobs:
         taken = 0
         for running in self.snapshot():
             limit = running.job.timeout_seconds
-            if running.taken_over or limit is None or running.ran_seconds(now) < limit:
+            if (running.taken_over or limit is None or running.started is None
+                    or running.ran_seconds(now) < limit):
                 continue
             self.take_over(running, timed_out(running.job, ran_seconds=running.ran_seconds(now)),
                            timed_out=True)
@@ -100,7 +113,7 @@ class RunningJobs:
         with self._lock:
             if running.taken_over:
                 return
-            running.taken_over = True
+            running.taken_over, running.taken_over_at = True, time.monotonic()
         running.ctx.taken_over(timed_out=timed_out, cancelled=cancelled)
         self.settler.put(outcome)
         logger.warning("job.%s id=%s task=%s worker=%s after %.1fs; %s",
@@ -112,4 +125,15 @@ class RunningJobs:
             running.stop()
 
 
-__all__ = ["RunningJob", "RunningJobs"]
+def failed_around(job: ClaimedJob, exc: Exception, *, worker_id: str) -> Outcome:
+    """Log that the worker's own code failed around ``job``, and return the job's failure.
+
+    The exception's type only: its text may quote the payload, which logs must not show (the
+    stored error is scrubbed).
+    """
+    logger.error("worker.job_error worker=%s job=%s task=%s: %s around the job; recorded as its "
+                 "failure", worker_id, job.id, job.task, type(exc).__qualname__)
+    return broke_around(job, exc)
+
+
+__all__ = ["RunningJob", "RunningJobs", "failed_around"]

@@ -5,12 +5,14 @@ batch in a slot, outside any transaction, and hands every outcome to the settler
 handler runs in the slot, a process-isolated one in the slot's child process, an async one on
 the worker's event loop (the slot goes on with its batch meanwhile). The ``Watchdog`` (run by
 the worker's main thread) takes over jobs past their timeout or cancelled by an operator, hands
-back waiting jobs before their lease runs out, and gives up on a thread hung past twice its
-lease (it cannot be killed; a child process can, and is).
+back waiting jobs before their lease runs out, and gives up on a thread that runs on past a
+takeover's grace or hung past twice its lease (it cannot be killed; a child process can, and
+is), and forgets it once it ends.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -22,14 +24,14 @@ from django.db import DatabaseError
 
 from ..claimed import ClaimedJob
 from ..context import JobContext
-from ..executor import broke_around, execute
+from ..executor import execute
 from ..outcomes import Outcome
 from ..registry import Handler, registry
 from ..transitions import cancel_requested
 from .aio import AsyncRunner
 from .connections import database_reachable, reset_connection
 from .isolation import ChildProcess
-from .running import RunningJob, RunningJobs
+from .running import RunningJob, RunningJobs, failed_around
 from .settler import Settler
 
 logger = logging.getLogger("django_pgjobs.worker")
@@ -145,10 +147,7 @@ class BatchRunner:
                 outcome = self._run_here(slot, job, ctx, process)
             except Exception as exc:  # the worker's own code failed: the job's failure, not
                 # the executor's death (the executor goes on with the rest of its batch)
-                logger.error("worker.job_error worker=%s job=%s task=%s: %s around the job; "
-                             "recorded as its failure", self.worker_id, job.id, job.task,
-                             type(exc).__qualname__)
-                outcome = broke_around(job, exc)
+                outcome = failed_around(job, exc, worker_id=self.worker_id)
             if outcome is not None:
                 self.settler.put(ctx.settlement(outcome))
 
@@ -156,18 +155,20 @@ class BatchRunner:
         self, slot: Slot, job: ClaimedJob, ctx: JobContext, process: bool
     ) -> Outcome | None:
         """Run one job in this slot's thread or its child; None when the child was killed."""
-        stop = None
+        child = stop = None
         if process:
             if slot.child is None:
                 slot.child = ChildProcess(worker_id=self.worker_id, using=self.using)
-            stop = slot.child.kill
-        self.running.started(RunningJob(job, ctx, time.monotonic(), stop=stop))
+            child = slot.child
+            stop = functools.partial(child.kill, job)
+        # A child's handler starts once the child is up: it says when (``running.start``).
+        running = RunningJob(job, ctx, None if child else time.monotonic(), stop=stop)
+        self.running.started(running)
         if slot.heartbeat:
             self.settler.watch(ctx)
         try:
-            if process:
-                assert slot.child is not None
-                return slot.child.run(job)
+            if child is not None:
+                return child.run(job, started=running.start)
             return execute(job, ctx)
         finally:
             if slot.heartbeat:
@@ -215,32 +216,41 @@ class Watchdog:
 
     def __init__(
         self, runner: BatchRunner, *, start_slot: Callable[[], None], cancel_every: float,
-        max_abandoned: int,
+        max_abandoned: int, grace: float,
     ) -> None:
         self.runner = runner
         self.start_slot = start_slot
         self.cancel_every = cancel_every
-        # At most this many given-up threads run on at once, each with its replacement; past
-        # it, a stuck thread keeps its slot and the worker runs with one executor fewer.
+        # At most this many given-up threads run on at once, each with its replacement and
+        # each holding its database connection; past it, a stuck thread keeps its slot and the
+        # worker runs with one executor fewer.
         self.max_abandoned = max_abandoned
+        # How long a handler taken over gets to return (it may be returning) before its thread
+        # is given up.
+        self.grace = grace
         self._cancels_read_at = 0.0
         self._kept: set[int] = set()  # jobs whose stuck thread kept its slot (logged once)
 
     def check(self, slots: list[Slot]) -> None:
+        """Look over ``slots`` once; forget those whose given-up thread has ended."""
+        self._prune(slots)
         self.runner.running.enforce_timeouts()
         for slot in list(slots):
             self._release_stale_waiting(slot)
             job = slot.job
             if job is None or slot.abandoned:
                 continue
-            if self.runner.running.left_running(job.id):
+            taken_over_for = self.runner.running.left_running(job.id)
+            if taken_over_for is not None:
                 # A handler that timed out or was cancelled is settled, but its thread cannot
                 # be stopped and may never return: the jobs queued behind it go back now, and
-                # a fresh executor takes the slot, so a stuck handler costs no capacity.
+                # past the grace a fresh executor takes the slot, so a stuck handler costs no
+                # capacity.
                 with slot.lock:
                     self.runner.release_waiting(slot, "batch behind a handler taken over")
-                self._abandon(slot, job, slots, "was taken over (timeout or cancel) and its "
-                                                "thread cannot be stopped")
+                if taken_over_for >= self.grace:
+                    self._abandon(slot, job, slots, "was taken over (timeout or cancel) and "
+                                                    "its thread cannot be stopped")
                 continue
             if slot.heartbeat:
                 continue
@@ -249,9 +259,19 @@ class Watchdog:
             # and start a fresh one.
             if job.lease_left_seconds() < -job.lease_seconds:
                 if slot.child is not None:
-                    slot.child.kill()
+                    slot.child.kill(job)
                     continue
                 self._abandon(slot, job, slots, "ran past twice its lease")
+
+    def _prune(self, slots: list[Slot]) -> None:
+        # A given-up thread that ended at last has closed its connection: its slot goes, and
+        # so does the note of a stuck job whose thread has left it.
+        for slot in [s for s in slots if s.abandoned and s.thread is not None
+                     and not s.thread.is_alive()]:
+            slots.remove(slot)
+            if slot.child is not None:
+                slot.child.close()
+        self._kept &= {s.job.id for s in slots if s.job is not None}
 
     def _abandon(self, slot: Slot, job: ClaimedJob, slots: list[Slot], why: str) -> None:
         """Give up on ``slot``'s thread and start a new executor, up to ``max_abandoned``."""
