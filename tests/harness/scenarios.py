@@ -318,18 +318,19 @@ def lifecycle_controls(ctx: Context) -> None:
         key = f"timeout:{i}"
         db.enqueue(task, key, {}, priority=TARGET_PRIORITY)
         life.timed_out_keys.append(key)
-    cancels = {}
-    for i, task in enumerate(CANCEL_TASKS):
-        key = f"cancel:{i}"
-        cancels[key] = (task, db.enqueue(task, key, {}, priority=TARGET_PRIORITY).pk)
-        life.cancelled_keys.append(key)
-
     def holding(job_id: int) -> bool:
         return Run.objects.filter(job_id=job_id, stage=Run.Stage.HOLDING).exists()
 
-    # A worker killed after claiming one of these, before its handler started, holds it for
-    # the handlers' long lease (chaos.jobs.LONG_LEASE, 60 s) until the rescue step frees it.
-    for key, (task, job_id) in cancels.items():
+    # One at a time: claimed in one batch, the second would wait behind the first, which never
+    # returns, until the lease left to it is too short to start (half of chaos.jobs.LONG_LEASE,
+    # 30 s). A worker killed after claiming one, before its handler started, holds it for the
+    # whole long lease (60 s) until the rescue step frees it.
+    cancels = {}
+    for i, task in enumerate(CANCEL_TASKS):
+        key = f"cancel:{i}"
+        job_id = db.enqueue(task, key, {}, priority=TARGET_PRIORITY).pk
+        cancels[key] = (task, job_id)
+        life.cancelled_keys.append(key)
         if not db.wait_until(lambda job_id=job_id: holding(job_id), 90):
             ctx.record.notes.append(f"{key}: {task} never ran before its cancel")
     db.retrying(lambda: transitions.cancel_jobs([job_id for _, job_id in cancels.values()],
