@@ -144,7 +144,8 @@ def every_job_ended(snap: Snapshot, record: RunRecord) -> Check:
             problems.append(f"job {job.pk} ({job.task}) is {job.status}, due {job.run_at}")
     tracked = (record.bulk_keys + record.later_keys + record.flood.ordinary_keys
                + record.flood.flood_keys + record.flood.poison_keys
-               + [t.key for t in record.targets] + list(record.replays.calls))
+               + [t.key for t in record.targets] + list(record.replays.calls)
+               + record.lifecycle.queued_keys)
     missing = [key for key in tracked if key not in snap.by_key]
     problems += [f"enqueued {key} has no job row" for key in missing]
     later = [snap.by_key[k] for k in record.later_keys if k in snap.by_key]
@@ -535,6 +536,7 @@ def lifecycle_as_expected(snap: Snapshot, record: RunRecord) -> Check:
             problems.append(f"{key}: wanted cancelled with no attempt after the cancel, got "
                             f"{job.status if job else None}, {len(late)} attempts after it, "
                             f"the last {last}")
+    problems += queued_as_expected(snap, record)
     claimed_while_paused = 0
     for key in life.paused_keys:
         job = snap.by_key.get(key)
@@ -552,7 +554,35 @@ def lifecycle_as_expected(snap: Snapshot, record: RunRecord) -> Check:
     return _check("timeouts, cancels and pauses did what they say", problems,
                   f"{len(life.timed_out_keys)} handlers timed out and ended dead, "
                   f"{len(life.cancelled_keys)} running handlers cancelled for good, "
+                  f"{len(life.queued_cancelled_keys)} of {len(life.queued_keys)} batched jobs "
+                  "cancelled while claimed and not started, "
                   f"{len(life.paused_keys)} jobs held by a paused queue then run")
+
+
+def queued_as_expected(snap: Snapshot, record: RunRecord) -> list[str]:
+    """Batched jobs cancelled while they waited unstarted ended cancelled; the others ran."""
+    problems = []
+    cancelled = set(record.lifecycle.queued_cancelled_keys)
+    for key in record.lifecycle.queued_keys:
+        job = snap.by_key.get(key)
+        if job is None:
+            continue  # every_job_ended names it
+        if key not in cancelled:
+            if job.status != JobStatus.SUCCEEDED:
+                problems.append(f"{key}: never cancelled, but {job.status}")
+            continue
+        asked = job.cancel_requested_at or job.finished_at
+        attempts = snap.attempts.get(job.pk, [])
+        late = [a for a in attempts if asked is not None and a.claimed_at > asked]
+        # Its handler may have started between the harness's look and the cancel, and finished
+        # before the cancel reached it.
+        ran_first = any(run.started_at <= asked for run in snap.runs.get(job.pk, [])
+                        if asked is not None)
+        if late or not (job.status == JobStatus.CANCELLED
+                        or (job.status == JobStatus.SUCCEEDED and ran_first)):
+            problems.append(f"{key}: cancelled while claimed and not started, but "
+                            f"{job.status} with {len(late)} attempts claimed after the cancel")
+    return problems
 
 
 def no_effect_after_worker_death(record: RunRecord) -> Check:
@@ -576,21 +606,25 @@ def no_effect_after_worker_death(record: RunRecord) -> Check:
                   f"{before} effects before the deaths")
 
 
-def no_start_after_a_cancel(snap: Snapshot) -> tuple[Check, int]:
+def no_start_after_a_cancel(snap: Snapshot) -> tuple[Check, dict[str, int]]:
     """No handler started after its job's cancel committed (beyond the start check's freshness).
 
     The cancel's time is its transaction's (``cancel_requested_at``, or a waiting job's
     ``finished_at``); it committed after that. A run that started within CANCEL_START_SLACK of
-    it is counted, not failed: the executor's word on cancels may be that old.
+    it is counted, not failed: the executor's word on cancels may be that old. So are the cancels
+    that found their job claimed but not started (its cancelled attempt has no run): the ones
+    that test the start check, which a run that had none did not exercise.
     """
     problems = []
-    near = 0
+    near = before_start = 0
     for job in snap.jobs.values():
         cancelled_at = job.cancel_requested_at or (
             job.finished_at if job.status == JobStatus.CANCELLED
             and job.terminal_reason == TerminalReason.OPERATOR else None)
         if cancelled_at is None:
             continue
+        if job.cancel_requested_at is not None and cancelled_before_start(snap, job):
+            before_start += 1
         for run in snap.runs.get(job.pk, []):
             if run.started_at <= cancelled_at:
                 continue
@@ -600,11 +634,22 @@ def no_start_after_a_cancel(snap: Snapshot) -> tuple[Check, int]:
             problems.append(f"job {job.pk}: attempt {run.attempt} on {run.worker_id} started "
                             f"{(run.started_at - cancelled_at).total_seconds():.3f}s after its "
                             "cancel")
+    exercised = (f"{before_start} cancels reached a claimed job before its handler started"
+                 if before_start else "no cancel reached a claimed job before its handler "
+                 "started: the start check was not exercised")
     return _check("no handler started after its job's cancel", problems,
                   f"{sum(1 for j in snap.jobs.values() if j.cancel_requested_at)} running jobs "
-                  f"cancelled; {near} handlers started within the start check's "
+                  f"cancelled; {exercised}; {near} handlers started within the start check's "
                   f"{START_CANCEL_FRESH_SECONDS:g}s freshness of a cancel, none later"
-                  if not problems else f"{near} within the freshness"), near
+                  if not problems else f"{exercised}; {near} within the freshness"), {
+                      "near": near, "before_start": before_start}
+
+
+def cancelled_before_start(snap: Snapshot, job: Job) -> bool:
+    """Whether ``job``'s cancel ended an attempt whose handler never started (no ``Run``)."""
+    ended = [a for a in snap.attempts.get(job.pk, []) if a.outcome == AttemptOutcome.CANCELLED]
+    started = {run.lease_token for run in snap.runs.get(job.pk, [])}
+    return bool(ended) and ended[-1].lease_token not in started
 
 
 def attempt_history_kept(snap: Snapshot) -> tuple[Check, int]:
@@ -655,7 +700,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
     snap = Snapshot.load()
     plain_check, plain = unreceipted_duplicates(snap)
     flood, flood_figures = flood_check(snap, record)
-    cancel_start, started_near_a_cancel = no_start_after_a_cancel(snap)
+    cancel_start, cancel_figures = no_start_after_a_cancel(snap)
     history, kept_beside = attempt_history_kept(snap)
     checks = [
         every_job_ended(snap, record),
@@ -700,7 +745,11 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         "plain": plain,
         "late_reports_lost": outcomes.get(AttemptOutcome.LOST, 0),
         "late_reports_kept_beside": kept_beside,
-        "handlers_started_within_cancel_freshness": started_near_a_cancel,
+        "handlers_started_within_cancel_freshness": cancel_figures["near"],
+        "cancels_before_start": cancel_figures["before_start"],
+        "queued_cancelled": sum(snap.by_key[k].status == JobStatus.CANCELLED
+                                for k in record.lifecycle.queued_cancelled_keys
+                                if k in snap.by_key),
         "late_reports_by_reported_outcome": dict(Counter(
             a.reported_outcome for rows in snap.attempts.values() for a in rows
             if a.outcome == AttemptOutcome.LOST)),

@@ -11,6 +11,7 @@ PLAIN = "chaos.plain_effect"
 RECEIPTED = "chaos.receipted_effect"
 TICK = "chaos.tick"
 POISON = "chaos.poison"
+QUEUED = "chaos.queued"
 
 
 @dataclass
@@ -75,6 +76,9 @@ class Lifecycle:
     paused_keys: list[str] = field(default_factory=list)  # enqueued onto the paused queue
     paused_at: datetime | None = None  # the pause had committed by then
     resumed_at: datetime | None = None  # the resume had not started before then
+    # Jobs claimed in batches behind slower ones; some cancelled while claimed, not started.
+    queued_keys: list[str] = field(default_factory=list)
+    queued_cancelled_keys: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -88,6 +88,7 @@ def run(profile: Profile, seed: int, server: PrivateServer, workdir: Path,
             scenarios.run_targets(ctx, round_no)
         scenarios.restart_database(ctx, "targeted")
         scenarios.lifecycle_controls(ctx)
+        scenarios.cancel_before_start(ctx)
         scenarios.kill_under_process_handlers(ctx, profile.rounds)
         scenarios.poison_and_flood(ctx, profile.ordinary_jobs, profile.flood_seconds,
                                    profile.flood_per_second, profile.poison_jobs)

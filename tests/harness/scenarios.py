@@ -10,10 +10,11 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 
 import django_pgjobs
+from django_pgjobs import transitions
 from django_pgjobs.conf import settings
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
@@ -24,6 +25,7 @@ from tests.harness.pool import Member, WorkerPool
 from tests.harness.records import (
     PLAIN,
     POISON,
+    QUEUED,
     RECEIPTED,
     TICK,
     Fault,
@@ -311,8 +313,6 @@ PAUSE_SECONDS = 2.0
 def lifecycle_controls(ctx: Context) -> None:
     """Handlers that never return and must time out, cancels of running handlers of every kind,
     and a queue paused while jobs arrive on it, all while the workers keep being struck."""
-    from django_pgjobs import transitions
-
     life = ctx.record.lifecycle
     for i, task in enumerate(TIMEOUT_TASKS):
         key = f"timeout:{i}"
@@ -351,6 +351,55 @@ def lifecycle_controls(ctx: Context) -> None:
             status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]).exists(),
             90, interval=0.2):
         ctx.record.notes.append("lifecycle: not every job ended within 90 s")
+
+
+# --- cancels of claimed jobs whose handlers have not started ---------------------------------
+
+QUEUED_JOBS = 10  # two batches of the workers' five
+QUEUED_WORK_SECONDS = 0.5
+
+
+def cancel_before_start(ctx: Context) -> None:
+    """Cancel jobs an executor claimed in a batch but has not started yet.
+
+    The batch's jobs run one after another, each for half a second, so those behind the first
+    wait in the worker, claimed (running, their attempt open) but with no ``Run`` row. Every
+    other one of them is cancelled while it waits: its worker must settle it cancelled, at its
+    start check or from its waiting list, and never start its handler.
+    """
+    life = ctx.record.lifecycle
+    keys = [f"queued:{i}" for i in range(QUEUED_JOBS)]
+    db.retrying(lambda: django_pgjobs.enqueue_many([
+        JobSpec.of(QUEUED, {"work_seconds": QUEUED_WORK_SECONDS}, idempotency_key=key,
+                   priority=TARGET_PRIORITY)
+        for key in keys
+    ]))
+    life.queued_keys = keys
+    targets = set(keys[1::2])
+
+    def waiting() -> list[tuple[int, str]]:
+        started = Run.objects.filter(lease_token=OuterRef("lease_token"))
+        return list(Job.objects.filter(idempotency_key__in=targets, status=JobStatus.RUNNING)
+                    .exclude(Exists(started)).values_list("id", "idempotency_key"))
+
+    def ended() -> bool:
+        return not Job.objects.filter(idempotency_key__in=keys).exclude(
+            status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]).exists()
+
+    deadline = time.monotonic() + 60
+    while targets and not db.retrying(ended) and time.monotonic() < deadline:
+        found = db.retrying(waiting)
+        if found:
+            db.retrying(lambda found=found: transitions.cancel_jobs(
+                [job_id for job_id, _ in found], reason="harness"))
+            life.queued_cancelled_keys += [key for _, key in found]
+            targets -= {key for _, key in found}
+        time.sleep(0.02)
+    if not life.queued_cancelled_keys:
+        ctx.record.notes.append("queued: no job was ever seen claimed and not started; no "
+                                "cancel before a start")
+    if not db.wait_until(ended, 60, interval=0.2):
+        ctx.record.notes.append("queued: not every job ended within 60 s")
 
 
 # --- a worker killed under a process-isolated handler -----------------------------------------
