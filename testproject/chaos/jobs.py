@@ -305,7 +305,7 @@ def process_effects(ctx: JobContext, payload: dict[str, Any]) -> Any:
     return {"attempt": ctx.attempt, "worker": ctx.worker_id}
 
 
-# --- batches with jobs waiting behind the first -----------------------------------------------
+# --- batches with jobs waiting behind the first, and schedules' jobs --------------------------
 
 # Long enough that a job waiting behind the rest of its batch still has the lease to start.
 BATCH_LEASE = timedelta(seconds=10)
@@ -327,3 +327,11 @@ def queued(ctx: JobContext, payload: dict[str, Any]) -> Any:
     _finished(run)
     return {"attempt": ctx.attempt, "worker": ctx.worker_id}
 
+
+@job("chaos.scheduled", lease=BATCH_LEASE, max_attempts=5)
+def scheduled(ctx: JobContext, payload: dict[str, Any]) -> Any:
+    """A schedule's job: work ``work_seconds`` (longer than the tick interval shows overlaps)."""
+    run = _started(ctx, "chaos.scheduled")
+    time.sleep(payload.get("work_seconds", 0.05))
+    _finished(run)
+    return {"attempt": ctx.attempt, "worker": ctx.worker_id}

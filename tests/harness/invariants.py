@@ -10,13 +10,20 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 from django.utils import timezone
 
 from django_pgjobs.conf import settings
-from django_pgjobs.models import Attempt, Job
-from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from django_pgjobs.models import Attempt, Job, Schedule
+from django_pgjobs.status import (
+    AttemptOutcome,
+    FailureClass,
+    JobStatus,
+    OverlapPolicy,
+    TerminalReason,
+)
 from django_pgjobs.worker.slots import START_CANCEL_FRESH_SECONDS
 from testproject.chaos.models import Effect, Run
 from tests.harness.records import PLAIN, POISON, RECEIPTED, RunRecord, Target
@@ -68,6 +75,7 @@ class Snapshot:
     now: datetime
     # (job id, attempt number, worker id, written at) of every receipted effect.
     receipted_rows: list[tuple[int, int, str, datetime]]
+    schedules: list[Schedule]
 
     @classmethod
     def load(cls) -> Snapshot:
@@ -99,6 +107,7 @@ class Snapshot:
             by_key={j.idempotency_key: j for j in jobs.values() if j.idempotency_key},
             attempts=attempts, runs=runs, effects=effects, receipted_effects=receipted,
             now=timezone.now(), receipted_rows=rows,
+            schedules=list(Schedule.objects.order_by("id")),
         )
 
     def effect_count(self, job: Job) -> int:
@@ -695,6 +704,55 @@ def attempt_counts_agree(snap: Snapshot) -> Check:
                   f"{ended} ended jobs, every count matching its rows")
 
 
+def schedule_counters_match_jobs(snap: Snapshot, record: RunRecord) -> Check:
+    """Each schedule's ``ticks_enqueued`` is the number of jobs that name it.
+
+    Every job of a schedule comes from its ticks (the harness never runs one now), and jobs are
+    not pruned during a run: an operator's edit saved while a worker enqueued ticks must not
+    write an older count, or an older cursor that enqueues a tick twice, over the worker's.
+    """
+    problems = []
+    jobs: Counter[int] = Counter(j.schedule_id for j in snap.jobs.values() if j.schedule_id)
+    for schedule in snap.schedules:
+        if schedule.ticks_enqueued != jobs[schedule.pk]:
+            problems.append(f"{schedule.name}: ticks_enqueued is {schedule.ticks_enqueued}, "
+                            f"{jobs[schedule.pk]} jobs name it")
+    edits = record.schedules
+    return _check("each schedule counted the jobs it enqueued", problems,
+                  f"{len(snap.schedules)} schedules, {sum(jobs.values())} jobs of their ticks; "
+                  f"{sum(edits.edits.values())} operator edits {edits.edits}, "
+                  f"{edits.saved_over_a_tick} saved over a tick enqueued since they read")
+
+
+def skip_schedule_runs_one_job_at_a_time(snap: Snapshot) -> Check:
+    """An overlap ``skip`` schedule never had two of its jobs running at once.
+
+    A job runs from its first claim to the end of its last attempt (an open one: until now).
+    """
+    problems = []
+    compared = 0
+    for schedule in snap.schedules:
+        if schedule.overlap != OverlapPolicy.SKIP:
+            continue
+        spans = []
+        for job in snap.jobs.values():
+            attempts = snap.attempts.get(job.pk, [])
+            if job.schedule_id != schedule.pk or not attempts:
+                continue
+            spans.append((attempts[0].claimed_at,
+                          max(a.finished_at or snap.now for a in attempts), job.pk))
+        spans.sort()
+        for (_, end_a, job_a), (start_b, _, job_b) in pairwise(spans):
+            compared += 1
+            if start_b < end_a:
+                problems.append(f"{schedule.name}: job {job_b} was claimed "
+                                f"{(end_a - start_b).total_seconds():.2f}s before job {job_a} "
+                                "ended")
+    return _check("an overlap-skip schedule ran one job at a time", problems,
+                  f"{compared} consecutive jobs of skip schedules compared, none overlapping"
+                  if not problems else f"{compared} compared")
+
+
 def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dict[str, Any]]:
     """Run every check; return them and the run's figures."""
     snap = Snapshot.load()
@@ -721,6 +779,8 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         cancel_start,
         history,
         attempt_counts_agree(snap),
+        schedule_counters_match_jobs(snap, record),
+        skip_schedule_runs_one_job_at_a_time(snap),
     ]
     statuses = Counter(j.status for j in snap.jobs.values())
     outcomes = Counter(a.outcome for rows in snap.attempts.values() for a in rows)

@@ -12,6 +12,7 @@ RECEIPTED = "chaos.receipted_effect"
 TICK = "chaos.tick"
 POISON = "chaos.poison"
 QUEUED = "chaos.queued"
+SCHEDULED = "chaos.scheduled"
 
 
 @dataclass
@@ -96,6 +97,16 @@ class OrphanCheck:
 
 
 @dataclass
+class ScheduleEdits:
+    """Operators' edits of schedules while the workers enqueued their ticks."""
+
+    names: list[str] = field(default_factory=list)
+    edits: dict[str, int] = field(default_factory=dict)  # kind -> how many were saved
+    # Saved after a worker had enqueued a tick of the schedule since the edit read it.
+    saved_over_a_tick: int = 0
+
+
+@dataclass
 class Replays:
     """Enqueues repeated under the same idempotency keys: key -> [(job id, created)]."""
 
@@ -116,6 +127,7 @@ class RunRecord:
     replays: Replays = field(default_factory=Replays)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     orphans: list[OrphanCheck] = field(default_factory=list)
+    schedules: ScheduleEdits = field(default_factory=ScheduleEdits)
     bulk_keys: list[str] = field(default_factory=list)
     later_keys: list[str] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)

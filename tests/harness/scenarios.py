@@ -14,10 +14,10 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 
 import django_pgjobs
-from django_pgjobs import transitions
+from django_pgjobs import periodic, transitions
 from django_pgjobs.conf import settings
 from django_pgjobs.enqueuing import JobSpec
-from django_pgjobs.models import Attempt, Job
+from django_pgjobs.models import Attempt, Job, Schedule
 from django_pgjobs.status import AttemptOutcome, JobStatus
 from testproject.chaos.models import Effect, Run
 from tests.harness import db
@@ -27,6 +27,7 @@ from tests.harness.records import (
     POISON,
     QUEUED,
     RECEIPTED,
+    SCHEDULED,
     TICK,
     Fault,
     OrphanCheck,
@@ -120,6 +121,103 @@ class Feeder(threading.Thread):
             self.error = exc
         finally:
             db.reconnect()
+
+
+# Two expressions an edit switches between: every second, every two seconds.
+EVERY_SECOND = "* * * * * *"
+EVERY_TWO_SECONDS = "*/2 * * * * *"
+# (name, overlap policy, work seconds): the skip schedules' jobs outlast their ticks.
+SCHEDULES = [
+    ("harness:allow", "allow", 0.3),
+    ("harness:skip", "skip", 1.0),
+    ("harness:skip-slow", "skip", 1.5),
+]
+EDITOR = transitions.Actor("harness-editor")
+
+
+def create_schedules(record: RunRecord) -> list[int]:
+    """The operators' schedules the editor works on, created as the admin creates them."""
+    ids = []
+    for name, overlap, work_seconds in SCHEDULES:
+        row = Schedule(name=name, task=SCHEDULED, cron=EVERY_SECOND, overlap=overlap,
+                       payload={"work_seconds": work_seconds})
+        db.retrying(lambda row=row: periodic.save_schedule(row, created=True, actor=EDITOR))
+        ids.append(row.pk)
+        record.schedules.names.append(name)
+    return ids
+
+
+def _new_payload(row: Schedule, rng: random.Random) -> None:
+    row.payload = {**row.payload, "edit": rng.randrange(10**6)}
+
+
+def _other_cron(row: Schedule, rng: random.Random) -> None:
+    row.cron = EVERY_TWO_SECONDS if row.cron == EVERY_SECOND else EVERY_SECOND
+
+
+# What an edit changes on the form; a pause or resume is an admin action of its own.
+EDITS = {"payload": _new_payload, "cron": _other_cron}
+EDIT_WEIGHTS = {"payload": 3, "cron": 2, "pause": 1}
+
+
+class ScheduleEditor(threading.Thread):
+    """Edits schedules the way an operator does in the admin while the workers tick them.
+
+    An edit is one admin request: read the row and its definition, think a moment (so ticks land
+    in between), save through ``periodic.save_schedule`` with the definition as read. A pause
+    and the resume a moment later go through the admin's actions. It creates its schedules when
+    it starts.
+    """
+
+    def __init__(self, record: RunRecord, seed: int,
+                 think: tuple[float, float] = (0.3, 1.2)) -> None:
+        super().__init__(name="harness-schedule-editor", daemon=True)
+        self.record = record
+        self.ids: list[int] = []
+        self.rng = random.Random(seed)
+        self.think = think
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.ids = create_schedules(self.record)
+            while not self.halt.is_set():
+                schedule_id = self.rng.choice(self.ids)
+                kind = self.rng.choices(list(EDIT_WEIGHTS), list(EDIT_WEIGHTS.values()))[0]
+                db.retrying(lambda schedule_id=schedule_id, kind=kind: self._edit(schedule_id,
+                                                                                   kind))
+                edits = self.record.schedules.edits
+                edits[kind] = edits.get(kind, 0) + 1
+                self.halt.wait(self.rng.uniform(0.05, 0.3))
+        except BaseException as exc:  # reported by the runner, like the feeder's
+            self.error = exc
+        finally:
+            db.reconnect()
+
+    def _edit(self, schedule_id: int, kind: str) -> None:
+        if kind == "pause":
+            periodic.pause_schedules([schedule_id], actor=EDITOR, reason="harness")
+            time.sleep(self.rng.uniform(*self.think))
+            periodic.resume_schedules([schedule_id], actor=EDITOR, reason="harness")
+            return
+        row = Schedule.objects.get(pk=schedule_id)
+        before = {f: getattr(row, f) for f in periodic.DEFINITION}
+        EDITS[kind](row, self.rng)
+        time.sleep(self.rng.uniform(*self.think))
+        enqueued = Schedule.objects.values_list("ticks_enqueued", flat=True).get(pk=schedule_id)
+        if enqueued != row.ticks_enqueued:
+            self.record.schedules.saved_over_a_tick += 1
+        periodic.save_schedule(row, created=False, before=before, actor=EDITOR)
+
+
+def stop_schedules(editor: ScheduleEditor) -> None:
+    """Stop the editor, then pause its schedules so the run can drain."""
+    editor.halt.set()
+    editor.join(60)
+    if editor.error is not None:
+        editor.record.notes.append(f"the schedule editor failed: {editor.error!r}")
+    db.retrying(lambda: periodic.pause_schedules(editor.ids, actor=EDITOR, reason="harness"))
 
 
 def enqueue_later(record: RunRecord, count: int) -> None:

@@ -113,3 +113,10 @@ def test_replayed_enqueues_returned_one_job_per_key(report: dict) -> None:
 def test_a_cancel_reached_a_claimed_job_before_its_handler_started(report: dict) -> None:
     # Without one, "no handler started after its job's cancel" held without being tested.
     assert report["figures"]["cancels_before_start"] >= 1, report["output"]
+
+
+def test_schedules_were_edited_while_their_ticks_were_enqueued(report: dict) -> None:
+    edits = report["record"]["schedules"]
+    assert len(edits["names"]) == 3
+    assert set(edits["edits"]) == {"payload", "cron", "pause"}, edits
+    assert edits["saved_over_a_tick"] >= 1, edits
