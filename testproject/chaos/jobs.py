@@ -303,3 +303,35 @@ def process_effects(ctx: JobContext, payload: dict[str, Any]) -> Any:
         time.sleep(payload.get("every", 0.05))
     _finished(run)
     return {"attempt": ctx.attempt, "worker": ctx.worker_id}
+
+
+# --- batches with jobs waiting behind the first, and schedules' jobs --------------------------
+
+# Long enough that a job waiting behind the rest of its batch still has the lease to start.
+BATCH_LEASE = timedelta(seconds=10)
+
+
+@job("chaos.queued", lease=BATCH_LEASE, max_attempts=5)
+def queued(ctx: JobContext, payload: dict[str, Any]) -> Any:
+    """Work a while, checking for a cancel: the jobs claimed with it wait behind it meanwhile.
+
+    Its ``Run`` row is its start: a job cancelled with no row was cancelled before it started.
+    """
+    run = _started(ctx, "chaos.queued")
+    ends = time.monotonic() + payload.get("work_seconds", 0.5)
+    while time.monotonic() < ends:
+        if ctx.cancelled:
+            _mark(ctx, "saw_cancel")
+            raise RuntimeError("stopped after a cancel")
+        time.sleep(0.02)
+    _finished(run)
+    return {"attempt": ctx.attempt, "worker": ctx.worker_id}
+
+
+@job("chaos.scheduled", lease=BATCH_LEASE, max_attempts=5)
+def scheduled(ctx: JobContext, payload: dict[str, Any]) -> Any:
+    """A schedule's job: work ``work_seconds`` (longer than the tick interval shows overlaps)."""
+    run = _started(ctx, "chaos.scheduled")
+    time.sleep(payload.get("work_seconds", 0.05))
+    _finished(run)
+    return {"attempt": ctx.attempt, "worker": ctx.worker_id}

@@ -10,13 +10,20 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 from django.utils import timezone
 
 from django_pgjobs.conf import settings
-from django_pgjobs.models import Attempt, Job
-from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
+from django_pgjobs.models import Attempt, Job, Schedule
+from django_pgjobs.status import (
+    AttemptOutcome,
+    FailureClass,
+    JobStatus,
+    OverlapPolicy,
+    TerminalReason,
+)
 from django_pgjobs.worker.slots import START_CANCEL_FRESH_SECONDS
 from testproject.chaos.models import Effect, Run
 from tests.harness.records import PLAIN, POISON, RECEIPTED, RunRecord, Target
@@ -68,6 +75,7 @@ class Snapshot:
     now: datetime
     # (job id, attempt number, worker id, written at) of every receipted effect.
     receipted_rows: list[tuple[int, int, str, datetime]]
+    schedules: list[Schedule]
 
     @classmethod
     def load(cls) -> Snapshot:
@@ -99,6 +107,7 @@ class Snapshot:
             by_key={j.idempotency_key: j for j in jobs.values() if j.idempotency_key},
             attempts=attempts, runs=runs, effects=effects, receipted_effects=receipted,
             now=timezone.now(), receipted_rows=rows,
+            schedules=list(Schedule.objects.order_by("id")),
         )
 
     def effect_count(self, job: Job) -> int:
@@ -144,7 +153,8 @@ def every_job_ended(snap: Snapshot, record: RunRecord) -> Check:
             problems.append(f"job {job.pk} ({job.task}) is {job.status}, due {job.run_at}")
     tracked = (record.bulk_keys + record.later_keys + record.flood.ordinary_keys
                + record.flood.flood_keys + record.flood.poison_keys
-               + [t.key for t in record.targets] + list(record.replays.calls))
+               + [t.key for t in record.targets] + list(record.replays.calls)
+               + record.lifecycle.queued_keys)
     missing = [key for key in tracked if key not in snap.by_key]
     problems += [f"enqueued {key} has no job row" for key in missing]
     later = [snap.by_key[k] for k in record.later_keys if k in snap.by_key]
@@ -535,6 +545,7 @@ def lifecycle_as_expected(snap: Snapshot, record: RunRecord) -> Check:
             problems.append(f"{key}: wanted cancelled with no attempt after the cancel, got "
                             f"{job.status if job else None}, {len(late)} attempts after it, "
                             f"the last {last}")
+    problems += queued_as_expected(snap, record)
     claimed_while_paused = 0
     for key in life.paused_keys:
         job = snap.by_key.get(key)
@@ -552,7 +563,35 @@ def lifecycle_as_expected(snap: Snapshot, record: RunRecord) -> Check:
     return _check("timeouts, cancels and pauses did what they say", problems,
                   f"{len(life.timed_out_keys)} handlers timed out and ended dead, "
                   f"{len(life.cancelled_keys)} running handlers cancelled for good, "
+                  f"{len(life.queued_cancelled_keys)} of {len(life.queued_keys)} batched jobs "
+                  "cancelled while claimed and not started, "
                   f"{len(life.paused_keys)} jobs held by a paused queue then run")
+
+
+def queued_as_expected(snap: Snapshot, record: RunRecord) -> list[str]:
+    """Batched jobs cancelled while they waited unstarted ended cancelled; the others ran."""
+    problems = []
+    cancelled = set(record.lifecycle.queued_cancelled_keys)
+    for key in record.lifecycle.queued_keys:
+        job = snap.by_key.get(key)
+        if job is None:
+            continue  # every_job_ended names it
+        if key not in cancelled:
+            if job.status != JobStatus.SUCCEEDED:
+                problems.append(f"{key}: never cancelled, but {job.status}")
+            continue
+        asked = job.cancel_requested_at or job.finished_at
+        attempts = snap.attempts.get(job.pk, [])
+        late = [a for a in attempts if asked is not None and a.claimed_at > asked]
+        # Its handler may have started between the harness's look and the cancel, and finished
+        # before the cancel reached it.
+        ran_first = any(run.started_at <= asked for run in snap.runs.get(job.pk, [])
+                        if asked is not None)
+        if late or not (job.status == JobStatus.CANCELLED
+                        or (job.status == JobStatus.SUCCEEDED and ran_first)):
+            problems.append(f"{key}: cancelled while claimed and not started, but "
+                            f"{job.status} with {len(late)} attempts claimed after the cancel")
+    return problems
 
 
 def no_effect_after_worker_death(record: RunRecord) -> Check:
@@ -576,21 +615,25 @@ def no_effect_after_worker_death(record: RunRecord) -> Check:
                   f"{before} effects before the deaths")
 
 
-def no_start_after_a_cancel(snap: Snapshot) -> tuple[Check, int]:
+def no_start_after_a_cancel(snap: Snapshot) -> tuple[Check, dict[str, int]]:
     """No handler started after its job's cancel committed (beyond the start check's freshness).
 
     The cancel's time is its transaction's (``cancel_requested_at``, or a waiting job's
     ``finished_at``); it committed after that. A run that started within CANCEL_START_SLACK of
-    it is counted, not failed: the executor's word on cancels may be that old.
+    it is counted, not failed: the executor's word on cancels may be that old. So are the cancels
+    that found their job claimed but not started (its cancelled attempt has no run): the ones
+    that test the start check, which a run that had none did not exercise.
     """
     problems = []
-    near = 0
+    near = before_start = 0
     for job in snap.jobs.values():
         cancelled_at = job.cancel_requested_at or (
             job.finished_at if job.status == JobStatus.CANCELLED
             and job.terminal_reason == TerminalReason.OPERATOR else None)
         if cancelled_at is None:
             continue
+        if job.cancel_requested_at is not None and cancelled_before_start(snap, job):
+            before_start += 1
         for run in snap.runs.get(job.pk, []):
             if run.started_at <= cancelled_at:
                 continue
@@ -600,11 +643,22 @@ def no_start_after_a_cancel(snap: Snapshot) -> tuple[Check, int]:
             problems.append(f"job {job.pk}: attempt {run.attempt} on {run.worker_id} started "
                             f"{(run.started_at - cancelled_at).total_seconds():.3f}s after its "
                             "cancel")
+    exercised = (f"{before_start} cancels reached a claimed job before its handler started"
+                 if before_start else "no cancel reached a claimed job before its handler "
+                 "started: the start check was not exercised")
     return _check("no handler started after its job's cancel", problems,
                   f"{sum(1 for j in snap.jobs.values() if j.cancel_requested_at)} running jobs "
-                  f"cancelled; {near} handlers started within the start check's "
+                  f"cancelled; {exercised}; {near} handlers started within the start check's "
                   f"{START_CANCEL_FRESH_SECONDS:g}s freshness of a cancel, none later"
-                  if not problems else f"{near} within the freshness"), near
+                  if not problems else f"{exercised}; {near} within the freshness"), {
+                      "near": near, "before_start": before_start}
+
+
+def cancelled_before_start(snap: Snapshot, job: Job) -> bool:
+    """Whether ``job``'s cancel ended an attempt whose handler never started (no ``Run``)."""
+    ended = [a for a in snap.attempts.get(job.pk, []) if a.outcome == AttemptOutcome.CANCELLED]
+    started = {run.lease_token for run in snap.runs.get(job.pk, [])}
+    return bool(ended) and ended[-1].lease_token not in started
 
 
 def attempt_history_kept(snap: Snapshot) -> tuple[Check, int]:
@@ -650,12 +704,61 @@ def attempt_counts_agree(snap: Snapshot) -> Check:
                   f"{ended} ended jobs, every count matching its rows")
 
 
+def schedule_counters_match_jobs(snap: Snapshot, record: RunRecord) -> Check:
+    """Each schedule's ``ticks_enqueued`` is the number of jobs that name it.
+
+    Every job of a schedule comes from its ticks (the harness never runs one now), and jobs are
+    not pruned during a run: an operator's edit saved while a worker enqueued ticks must not
+    write an older count, or an older cursor that enqueues a tick twice, over the worker's.
+    """
+    problems = []
+    jobs: Counter[int] = Counter(j.schedule_id for j in snap.jobs.values() if j.schedule_id)
+    for schedule in snap.schedules:
+        if schedule.ticks_enqueued != jobs[schedule.pk]:
+            problems.append(f"{schedule.name}: ticks_enqueued is {schedule.ticks_enqueued}, "
+                            f"{jobs[schedule.pk]} jobs name it")
+    edits = record.schedules
+    return _check("each schedule counted the jobs it enqueued", problems,
+                  f"{len(snap.schedules)} schedules, {sum(jobs.values())} jobs of their ticks; "
+                  f"{sum(edits.edits.values())} operator edits {edits.edits}, "
+                  f"{edits.saved_over_a_tick} saved over a tick enqueued since they read")
+
+
+def skip_schedule_runs_one_job_at_a_time(snap: Snapshot) -> Check:
+    """An overlap ``skip`` schedule never had two of its jobs running at once.
+
+    A job runs from its first claim to the end of its last attempt (an open one: until now).
+    """
+    problems = []
+    compared = 0
+    for schedule in snap.schedules:
+        if schedule.overlap != OverlapPolicy.SKIP:
+            continue
+        spans = []
+        for job in snap.jobs.values():
+            attempts = snap.attempts.get(job.pk, [])
+            if job.schedule_id != schedule.pk or not attempts:
+                continue
+            spans.append((attempts[0].claimed_at,
+                          max(a.finished_at or snap.now for a in attempts), job.pk))
+        spans.sort()
+        for (_, end_a, job_a), (start_b, _, job_b) in pairwise(spans):
+            compared += 1
+            if start_b < end_a:
+                problems.append(f"{schedule.name}: job {job_b} was claimed "
+                                f"{(end_a - start_b).total_seconds():.2f}s before job {job_a} "
+                                "ended")
+    return _check("an overlap-skip schedule ran one job at a time", problems,
+                  f"{compared} consecutive jobs of skip schedules compared, none overlapping"
+                  if not problems else f"{compared} compared")
+
+
 def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dict[str, Any]]:
     """Run every check; return them and the run's figures."""
     snap = Snapshot.load()
     plain_check, plain = unreceipted_duplicates(snap)
     flood, flood_figures = flood_check(snap, record)
-    cancel_start, started_near_a_cancel = no_start_after_a_cancel(snap)
+    cancel_start, cancel_figures = no_start_after_a_cancel(snap)
     history, kept_beside = attempt_history_kept(snap)
     checks = [
         every_job_ended(snap, record),
@@ -676,6 +779,8 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         cancel_start,
         history,
         attempt_counts_agree(snap),
+        schedule_counters_match_jobs(snap, record),
+        skip_schedule_runs_one_job_at_a_time(snap),
     ]
     statuses = Counter(j.status for j in snap.jobs.values())
     outcomes = Counter(a.outcome for rows in snap.attempts.values() for a in rows)
@@ -700,7 +805,11 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         "plain": plain,
         "late_reports_lost": outcomes.get(AttemptOutcome.LOST, 0),
         "late_reports_kept_beside": kept_beside,
-        "handlers_started_within_cancel_freshness": started_near_a_cancel,
+        "handlers_started_within_cancel_freshness": cancel_figures["near"],
+        "cancels_before_start": cancel_figures["before_start"],
+        "queued_cancelled": sum(snap.by_key[k].status == JobStatus.CANCELLED
+                                for k in record.lifecycle.queued_cancelled_keys
+                                if k in snap.by_key),
         "late_reports_by_reported_outcome": dict(Counter(
             a.reported_outcome for rows in snap.attempts.values() for a in rows
             if a.outcome == AttemptOutcome.LOST)),

@@ -11,6 +11,8 @@ PLAIN = "chaos.plain_effect"
 RECEIPTED = "chaos.receipted_effect"
 TICK = "chaos.tick"
 POISON = "chaos.poison"
+QUEUED = "chaos.queued"
+SCHEDULED = "chaos.scheduled"
 
 
 @dataclass
@@ -75,6 +77,9 @@ class Lifecycle:
     paused_keys: list[str] = field(default_factory=list)  # enqueued onto the paused queue
     paused_at: datetime | None = None  # the pause had committed by then
     resumed_at: datetime | None = None  # the resume had not started before then
+    # Jobs claimed in batches behind slower ones; some cancelled while claimed, not started.
+    queued_keys: list[str] = field(default_factory=list)
+    queued_cancelled_keys: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +94,16 @@ class OrphanCheck:
     last_effect_id: int | None = None
     # The worker's connections were still there long after its death: a child outlived it.
     connections_outlived_worker: bool = False
+
+
+@dataclass
+class ScheduleEdits:
+    """Operators' edits of schedules while the workers enqueued their ticks."""
+
+    names: list[str] = field(default_factory=list)
+    edits: dict[str, int] = field(default_factory=dict)  # kind -> how many were saved
+    # Saved after a worker had enqueued a tick of the schedule since the edit read it.
+    saved_over_a_tick: int = 0
 
 
 @dataclass
@@ -112,6 +127,7 @@ class RunRecord:
     replays: Replays = field(default_factory=Replays)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     orphans: list[OrphanCheck] = field(default_factory=list)
+    schedules: ScheduleEdits = field(default_factory=ScheduleEdits)
     bulk_keys: list[str] = field(default_factory=list)
     later_keys: list[str] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)

@@ -76,10 +76,12 @@ def run(profile: Profile, seed: int, server: PrivateServer, workdir: Path,
     started = time.monotonic()
     pool.start()
     feeder = scenarios.Feeder(record, profile.feed_per_second, 10**9, seed)
+    editor = scenarios.ScheduleEditor(record, seed)
     try:
         pool.wait_started(90)
         record.started_at = db.db_now()
         feeder.start()
+        editor.start()
         scenarios.enqueue_later(record, profile.later_jobs)
         replay_keys = [f"replay:{i}" for i in range(profile.replay_keys)]
         scenarios.replay_enqueues(record, rng, replay_keys, profile.replays_per_key,
@@ -88,6 +90,7 @@ def run(profile: Profile, seed: int, server: PrivateServer, workdir: Path,
             scenarios.run_targets(ctx, round_no)
         scenarios.restart_database(ctx, "targeted")
         scenarios.lifecycle_controls(ctx)
+        scenarios.cancel_before_start(ctx)
         scenarios.kill_under_process_handlers(ctx, profile.rounds)
         scenarios.poison_and_flood(ctx, profile.ordinary_jobs, profile.flood_seconds,
                                    profile.flood_per_second, profile.poison_jobs)
@@ -97,11 +100,13 @@ def run(profile: Profile, seed: int, server: PrivateServer, workdir: Path,
         feeder.join(60)
         if feeder.error is not None:
             record.notes.append(f"the feeder failed: {feeder.error!r}")
+        scenarios.stop_schedules(editor)
         record.drained = scenarios.drain(profile.drain_seconds)
         # Replays after the jobs finished: still the same jobs while the rows are retained.
         scenarios.replay_enqueues(record, rng, replay_keys, 1, profile.replay_threads)
     finally:
         feeder.halt.set()
+        editor.halt.set()
         record.shutdown_codes = pool.shutdown(30)
         record.exits = list(pool.exits)
         record.wall_seconds = time.monotonic() - started

@@ -10,13 +10,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 
 import django_pgjobs
+from django_pgjobs import periodic, transitions
 from django_pgjobs.conf import settings
 from django_pgjobs.enqueuing import JobSpec
-from django_pgjobs.models import Attempt, Job
+from django_pgjobs.models import Attempt, Job, Schedule
 from django_pgjobs.status import AttemptOutcome, JobStatus
 from testproject.chaos.models import Effect, Run
 from tests.harness import db
@@ -24,7 +25,9 @@ from tests.harness.pool import Member, WorkerPool
 from tests.harness.records import (
     PLAIN,
     POISON,
+    QUEUED,
     RECEIPTED,
+    SCHEDULED,
     TICK,
     Fault,
     OrphanCheck,
@@ -118,6 +121,103 @@ class Feeder(threading.Thread):
             self.error = exc
         finally:
             db.reconnect()
+
+
+# Two expressions an edit switches between: every second, every two seconds.
+EVERY_SECOND = "* * * * * *"
+EVERY_TWO_SECONDS = "*/2 * * * * *"
+# (name, overlap policy, work seconds): the skip schedules' jobs outlast their ticks.
+SCHEDULES = [
+    ("harness:allow", "allow", 0.3),
+    ("harness:skip", "skip", 1.0),
+    ("harness:skip-slow", "skip", 1.5),
+]
+EDITOR = transitions.Actor("harness-editor")
+
+
+def create_schedules(record: RunRecord) -> list[int]:
+    """The operators' schedules the editor works on, created as the admin creates them."""
+    ids = []
+    for name, overlap, work_seconds in SCHEDULES:
+        row = Schedule(name=name, task=SCHEDULED, cron=EVERY_SECOND, overlap=overlap,
+                       payload={"work_seconds": work_seconds})
+        db.retrying(lambda row=row: periodic.save_schedule(row, created=True, actor=EDITOR))
+        ids.append(row.pk)
+        record.schedules.names.append(name)
+    return ids
+
+
+def _new_payload(row: Schedule, rng: random.Random) -> None:
+    row.payload = {**row.payload, "edit": rng.randrange(10**6)}
+
+
+def _other_cron(row: Schedule, rng: random.Random) -> None:
+    row.cron = EVERY_TWO_SECONDS if row.cron == EVERY_SECOND else EVERY_SECOND
+
+
+# What an edit changes on the form; a pause or resume is an admin action of its own.
+EDITS = {"payload": _new_payload, "cron": _other_cron}
+EDIT_WEIGHTS = {"payload": 3, "cron": 2, "pause": 1}
+
+
+class ScheduleEditor(threading.Thread):
+    """Edits schedules the way an operator does in the admin while the workers tick them.
+
+    An edit is one admin request: read the row and its definition, think a moment (so ticks land
+    in between), save through ``periodic.save_schedule`` with the definition as read. A pause
+    and the resume a moment later go through the admin's actions. It creates its schedules when
+    it starts.
+    """
+
+    def __init__(self, record: RunRecord, seed: int,
+                 think: tuple[float, float] = (0.3, 1.2)) -> None:
+        super().__init__(name="harness-schedule-editor", daemon=True)
+        self.record = record
+        self.ids: list[int] = []
+        self.rng = random.Random(seed)
+        self.think = think
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.ids = create_schedules(self.record)
+            while not self.halt.is_set():
+                schedule_id = self.rng.choice(self.ids)
+                kind = self.rng.choices(list(EDIT_WEIGHTS), list(EDIT_WEIGHTS.values()))[0]
+                db.retrying(lambda schedule_id=schedule_id, kind=kind: self._edit(schedule_id,
+                                                                                   kind))
+                edits = self.record.schedules.edits
+                edits[kind] = edits.get(kind, 0) + 1
+                self.halt.wait(self.rng.uniform(0.05, 0.3))
+        except BaseException as exc:  # reported by the runner, like the feeder's
+            self.error = exc
+        finally:
+            db.reconnect()
+
+    def _edit(self, schedule_id: int, kind: str) -> None:
+        if kind == "pause":
+            periodic.pause_schedules([schedule_id], actor=EDITOR, reason="harness")
+            time.sleep(self.rng.uniform(*self.think))
+            periodic.resume_schedules([schedule_id], actor=EDITOR, reason="harness")
+            return
+        row = Schedule.objects.get(pk=schedule_id)
+        before = {f: getattr(row, f) for f in periodic.DEFINITION}
+        EDITS[kind](row, self.rng)
+        time.sleep(self.rng.uniform(*self.think))
+        enqueued = Schedule.objects.values_list("ticks_enqueued", flat=True).get(pk=schedule_id)
+        if enqueued != row.ticks_enqueued:
+            self.record.schedules.saved_over_a_tick += 1
+        periodic.save_schedule(row, created=False, before=before, actor=EDITOR)
+
+
+def stop_schedules(editor: ScheduleEditor) -> None:
+    """Stop the editor, then pause its schedules so the run can drain."""
+    editor.halt.set()
+    editor.join(60)
+    if editor.error is not None:
+        editor.record.notes.append(f"the schedule editor failed: {editor.error!r}")
+    db.retrying(lambda: periodic.pause_schedules(editor.ids, actor=EDITOR, reason="harness"))
 
 
 def enqueue_later(record: RunRecord, count: int) -> None:
@@ -311,25 +411,24 @@ PAUSE_SECONDS = 2.0
 def lifecycle_controls(ctx: Context) -> None:
     """Handlers that never return and must time out, cancels of running handlers of every kind,
     and a queue paused while jobs arrive on it, all while the workers keep being struck."""
-    from django_pgjobs import transitions
-
     life = ctx.record.lifecycle
     for i, task in enumerate(TIMEOUT_TASKS):
         key = f"timeout:{i}"
         db.enqueue(task, key, {}, priority=TARGET_PRIORITY)
         life.timed_out_keys.append(key)
-    cancels = {}
-    for i, task in enumerate(CANCEL_TASKS):
-        key = f"cancel:{i}"
-        cancels[key] = (task, db.enqueue(task, key, {}, priority=TARGET_PRIORITY).pk)
-        life.cancelled_keys.append(key)
-
     def holding(job_id: int) -> bool:
         return Run.objects.filter(job_id=job_id, stage=Run.Stage.HOLDING).exists()
 
-    # A worker killed after claiming one of these, before its handler started, holds it for
-    # the handlers' long lease (chaos.jobs.LONG_LEASE, 60 s) until the rescue step frees it.
-    for key, (task, job_id) in cancels.items():
+    # One at a time: claimed in one batch, the second would wait behind the first, which never
+    # returns, until the lease left to it is too short to start (half of chaos.jobs.LONG_LEASE,
+    # 30 s). A worker killed after claiming one, before its handler started, holds it for the
+    # whole long lease (60 s) until the rescue step frees it.
+    cancels = {}
+    for i, task in enumerate(CANCEL_TASKS):
+        key = f"cancel:{i}"
+        job_id = db.enqueue(task, key, {}, priority=TARGET_PRIORITY).pk
+        cancels[key] = (task, job_id)
+        life.cancelled_keys.append(key)
         if not db.wait_until(lambda job_id=job_id: holding(job_id), 90):
             ctx.record.notes.append(f"{key}: {task} never ran before its cancel")
     db.retrying(lambda: transitions.cancel_jobs([job_id for _, job_id in cancels.values()],
@@ -350,6 +449,55 @@ def lifecycle_controls(ctx: Context) -> None:
             status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]).exists(),
             90, interval=0.2):
         ctx.record.notes.append("lifecycle: not every job ended within 90 s")
+
+
+# --- cancels of claimed jobs whose handlers have not started ---------------------------------
+
+QUEUED_JOBS = 10  # two batches of the workers' five
+QUEUED_WORK_SECONDS = 0.5
+
+
+def cancel_before_start(ctx: Context) -> None:
+    """Cancel jobs an executor claimed in a batch but has not started yet.
+
+    The batch's jobs run one after another, each for half a second, so those behind the first
+    wait in the worker, claimed (running, their attempt open) but with no ``Run`` row. Every
+    other one of them is cancelled while it waits: its worker must settle it cancelled, at its
+    start check or from its waiting list, and never start its handler.
+    """
+    life = ctx.record.lifecycle
+    keys = [f"queued:{i}" for i in range(QUEUED_JOBS)]
+    db.retrying(lambda: django_pgjobs.enqueue_many([
+        JobSpec.of(QUEUED, {"work_seconds": QUEUED_WORK_SECONDS}, idempotency_key=key,
+                   priority=TARGET_PRIORITY)
+        for key in keys
+    ]))
+    life.queued_keys = keys
+    targets = set(keys[1::2])
+
+    def waiting() -> list[tuple[int, str]]:
+        started = Run.objects.filter(lease_token=OuterRef("lease_token"))
+        return list(Job.objects.filter(idempotency_key__in=targets, status=JobStatus.RUNNING)
+                    .exclude(Exists(started)).values_list("id", "idempotency_key"))
+
+    def ended() -> bool:
+        return not Job.objects.filter(idempotency_key__in=keys).exclude(
+            status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]).exists()
+
+    deadline = time.monotonic() + 60
+    while targets and not db.retrying(ended) and time.monotonic() < deadline:
+        found = db.retrying(waiting)
+        if found:
+            db.retrying(lambda found=found: transitions.cancel_jobs(
+                [job_id for job_id, _ in found], reason="harness"))
+            life.queued_cancelled_keys += [key for _, key in found]
+            targets -= {key for _, key in found}
+        time.sleep(0.02)
+    if not life.queued_cancelled_keys:
+        ctx.record.notes.append("queued: no job was ever seen claimed and not started; no "
+                                "cancel before a start")
+    if not db.wait_until(ended, 60, interval=0.2):
+        ctx.record.notes.append("queued: not every job ended within 60 s")
 
 
 # --- a worker killed under a process-isolated handler -----------------------------------------
