@@ -276,14 +276,14 @@ def test_the_command_fails_when_the_claim_reads_far_more_rows_than_its_batch(
 SCHEDULES = """
 INSERT INTO pgjobs_schedule (name, task, cron, timezone, payload, queue, misfire, catch_up_limit,
                              overlap, source, paused_at, next_tick_at, ticks_enqueued,
-                             ticks_missed, ticks_skipped, last_skip_reason, created_at,
-                             updated_at)
+                             ticks_missed, ticks_skipped, last_skip_reason, last_error,
+                             created_at, updated_at)
 SELECT 'explain.' || i, 'tests.when', '* * * * *', 'UTC', '{}', '', 'skip', 100,
        CASE WHEN i %% 2 = 0 THEN 'skip' ELSE 'allow' END, 'admin',
        CASE WHEN i %% 4 = 1 THEN now() END,
        CASE WHEN i <= %s OR i %% 4 = 1 THEN now() - interval '1 minute'
             ELSE now() + make_interval(mins => i) END,
-       0, 0, 0, '', now(), now()
+       0, 0, 0, '', '', now(), now()
 FROM generate_series(1, %s) AS i
 """
 
