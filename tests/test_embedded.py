@@ -91,6 +91,15 @@ def _in_group(process: psutil.Process, group: int) -> bool:
         return False
 
 
+def _as_from_a_terminal() -> None:
+    """Let SIGINT stop the command, as a terminal's Ctrl-C does.
+
+    A suite started in the background of a non-interactive shell inherits SIGINT ignored, and an
+    ignored signal stays ignored across exec: make and runserver would never see the Ctrl-C.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_make_admin_keeps_the_server_only_while_it_runs(tmp_path: Path) -> None:
     pgdata = tmp_path / "pgdata"
     port = free_port()
@@ -103,7 +112,7 @@ def test_make_admin_keeps_the_server_only_while_it_runs(tmp_path: Path) -> None:
         ["make", "--no-print-directory", "admin", f"ADMIN_PORT={port}", f"VENV={venv}",
          "-o", str(venv / ".installed")],
         cwd=ROOT, env=environment(pgdata), stdout=log.open("w"), stderr=subprocess.STDOUT,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=_as_from_a_terminal,
     )
 
     def still_running() -> str:
