@@ -191,6 +191,7 @@ def sync_declared(*, using: str = DEFAULT_DB_ALIAS) -> SyncReport:
     with transaction.atomic(using=using):
         now = database_now(using=using)
         rows = [_sync_row(d, now) for d in declared]
+        dropped = _dropped_by_sync(declared, now, using)
         with connections[using].cursor() as cursor:
             if rows:
                 cursor.execute(sql.query("sync_schedules"), [json.dumps(rows, default=str)])
@@ -200,6 +201,8 @@ def sync_declared(*, using: str = DEFAULT_DB_ALIAS) -> SyncReport:
             report.retired = sorted(row[0] for row in cursor.fetchall())
             cursor.execute(sql.query("admin_schedules_named"), [names])
             report.conflicts = [row[0] for row in cursor.fetchall()]
+        for name, counters in dropped.items():
+            ScheduleRow.objects.using(using).filter(name=name).update(**counters)
     for name in report.conflicts:
         logger.warning("schedule.conflict name=%s: declared in code or settings, but an "
                        "operator's schedule has the name; the operator's is kept", name)
@@ -208,6 +211,25 @@ def sync_declared(*, using: str = DEFAULT_DB_ALIAS) -> SyncReport:
                     ",".join(sorted(report.added)) or "-",
                     ",".join(sorted(report.changed)) or "-", ",".join(report.retired) or "-")
     return report
+
+
+def _dropped_by_sync(declared: Sequence[Declared], now: datetime, using: str) -> dict[str, Any]:
+    """The counters of the due ticks a declaration's new expression or zone will not run.
+
+    Locks the declared rows the sync is about to move (in name order, as every sync does), so
+    no pass enqueues those ticks between this count and the write that moves the cursor.
+    """
+    new = {str(d.schedule.name): (d.schedule.cron, d.schedule.timezone) for d in declared}
+    stored = (ScheduleRow.objects.using(using).select_for_update()
+              .filter(name__in=list(new), retired_at=None)
+              .exclude(source=ScheduleSource.ADMIN).order_by("name"))
+    dropped = {}
+    for row in stored:
+        if (row.cron, row.timezone) != new[row.name]:
+            counters = _dropped_ticks(row, now)
+            if counters:
+                dropped[row.name] = counters
+    return dropped
 
 
 def _sync_row(declared: Declared, now: datetime) -> dict[str, Any]:

@@ -508,6 +508,30 @@ def test_the_sync_never_touches_an_operators_schedule_or_a_pause(declare, caplog
     assert fresh(mine).state == "active"  # the operator's schedule is never retired
 
 
+def test_a_new_declared_cron_counts_the_old_ones_due_ticks_as_missed(declare, caplog) -> None:
+    declare("tests.sync.nightly", cron="0 0 * * *")
+    sync_declared()
+    midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    ScheduleRow.objects.filter(name="tests.sync.nightly").update(
+        next_tick_at=midnight - timedelta(days=2))
+    registry.remove("tests.sync.nightly")
+    declare("tests.sync.nightly", cron="30 1 * * *")  # a deploy changes the expression
+    with caplog.at_level(logging.WARNING, logger="django_pgjobs.schedules"):
+        assert sync_declared().changed == ["tests.sync.nightly"]
+    # Two days ago, yesterday and today at midnight were due and never enqueued.
+    row = ScheduleRow.objects.get(name="tests.sync.nightly")
+    assert (row.cron, row.ticks_missed, row.last_skipped_at, row.last_skip_reason) == (
+        "30 1 * * *", 3, midnight, "misfire")
+    assert row.next_tick_at > timezone.now() - timedelta(seconds=1)
+    assert caplog.messages == ["schedule.missed name=tests.sync.nightly ticks=3 policy=skip: "
+                               "its expression or zone changed before they were enqueued"]
+    # A change of payload alone keeps the cursor: nothing is dropped, nothing counted.
+    registry.remove("tests.sync.nightly")
+    declare("tests.sync.nightly", cron="30 1 * * *", schedules=[])
+    sync_declared()
+    assert ScheduleRow.objects.get(name="tests.sync.nightly").ticks_missed == 3
+
+
 def test_the_step_syncs_once_then_enqueues(declare) -> None:
     declare("tests.sync.step", cron="* * * * * *")
     step = ScheduleStep()
