@@ -710,6 +710,27 @@ def test_the_schedules_command_lists_next_ticks_across_the_fall_back_hour() -> N
     call_command("pgjobs_schedules", "--all", stdout=text)
     assert "ops.gone  [retired, admin]" in text.getvalue()
     assert "ops.hourly  [paused, admin]  tests.when  '0 * * * *' Europe/Paris" in text.getvalue()
+    assert "\n  next if resumed: 2026-" in text.getvalue()
+
+
+def test_the_schedules_command_shows_a_failing_schedules_error_escaped() -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    ScheduleFactory(name="ops.broken", last_error="OverflowError: date\x1b[31m out of range",
+                    last_error_at=at(0))
+    out = StringIO()
+    call_command("pgjobs_schedules", "--json", stdout=out)
+    [listed] = json.loads(out.getvalue())
+    assert (listed["last_error"], listed["last_error_at"]) == (
+        "OverflowError: date\x1b[31m out of range", at(0).isoformat())
+    text = StringIO()
+    call_command("pgjobs_schedules", stdout=text)
+    assert f"  failing since {at(0).isoformat()}: OverflowError: date\\x1b[31m out of range" in (
+        text.getvalue())
+    assert "\x1b" not in text.getvalue()
 
 
 def test_the_schedules_command_shows_an_active_schedules_ticks_from_its_cursor() -> None:

@@ -13,6 +13,7 @@ from django_pgjobs.management.arguments import whole_number
 from django_pgjobs.models import Job, Schedule
 from django_pgjobs.periodic import upcoming_ticks
 from django_pgjobs.ticks import zone
+from django_pgjobs.validation import escape_control
 
 
 class Command(BaseCommand):
@@ -59,7 +60,11 @@ class Command(BaseCommand):
                 f"  last tick {last} ({job}); enqueued {entry['ticks_enqueued']}, missed "
                 f"{entry['ticks_missed']}, skipped {entry['ticks_skipped']}"
             )
-            self.stdout.write("  next: " + (", ".join(entry["next_ticks"]) or "-"))
+            if entry["last_error"]:
+                self.stdout.write(f"  failing since {entry['last_error_at']}: "
+                                  f"{escape_control(entry['last_error'])}")
+            label = "next if resumed" if entry["state"] == "paused" else "next"
+            self.stdout.write(f"  {label}: " + (", ".join(entry["next_ticks"]) or "-"))
 
 
 def _describe(
@@ -80,6 +85,8 @@ def _describe(
         "ticks_skipped": schedule.ticks_skipped,
         "last_skipped_at": _iso(schedule.last_skipped_at),
         "last_skip_reason": schedule.last_skip_reason or None,
+        "last_error": schedule.last_error or None,
+        "last_error_at": _iso(schedule.last_error_at),
         "next_ticks": [t.astimezone(local).isoformat()
                        for t in upcoming_ticks(schedule, count, now)],
     }
