@@ -148,4 +148,3 @@ class JobContext:
 
     def __repr__(self) -> str:
         return f"<JobContext job={self.job.id} task={self.job.task} attempt={self.job.attempt}>"
-

@@ -138,4 +138,3 @@ class TimedOut(LeaseLost):
 
 class Cancelled(LeaseLost):
     """An operator cancelled the running job: its worker has settled it as cancelled."""
-

@@ -366,4 +366,3 @@ def test_schedules_whose_last_due_tick_was_not_enqueued_in_time_are_late() -> No
     # on-time ticks again, so only the schedule handled late and not due since stays late.
     enqueue_due_ticks()
     assert [s.name for s in stats.schedule_health().late] == [handled.name]
-

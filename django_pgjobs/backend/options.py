@@ -129,5 +129,3 @@ def task_queue_problem(queue: str) -> str | None:
     if declared is not None and queue not in declared:
         return f"Queue {queue!r} is not valid for backend: PGJOBS_QUEUES does not declare it."
     return None
-
-

@@ -173,5 +173,3 @@ def _exception_path(attempt: _AttemptRow) -> str:
     if attempt.failure_class == "lease_expired":
         return "django_pgjobs.exceptions.LeaseLost"
     return "django_pgjobs.exceptions.PgJobsError"
-
-

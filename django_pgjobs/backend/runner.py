@@ -297,5 +297,3 @@ def _signal_name(signal: Signal) -> str:
     names = {id(task_enqueued): "task_enqueued", id(task_started): "task_started",
              id(task_finished): "task_finished"}
     return names.get(id(signal), "signal")
-
-
