@@ -13,8 +13,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from . import conf
 from .conf import settings
 from .exceptions import InvalidJobOption
-from .periodic import declared_schedules, settings_schedule
 from .registry import registry
+from .schedules import declared_schedules, settings_schedule
 from .validation import SETTING_RULES as VALUE_RULES
 from .validation import Rule, shown
 

@@ -19,7 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from . import sql
 from .maintenance import AGING_KEYSET_START, AgingPolicy, prune_jobs, retention_seconds
 from .outcomes import Held, Outcome
-from .periodic import enqueue_due_ticks
+from .schedules import enqueue_due_ticks
 from .status import JobStatus
 from .transitions import (
     claim_jobs,

@@ -20,7 +20,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from . import sql
 from .conf import DEFAULT_RETENTION_SECONDS, settings
 from .models import PRIORITY_MAX, PRIORITY_MIN
-from .periodic import ScheduleStep
+from .schedules import ScheduleStep
 from .stats import backlog_max_age, backlog_policy
 from .status import TERMINAL_STATUSES, JobStatus
 from .transitions import (
@@ -45,7 +45,7 @@ AGING_KEYSET_START = (datetime(1, 1, 1, tzinfo=UTC), 0)
 
 
 @dataclass
-class Periodic:
+class Step:
     """A step the worker's main thread runs every ``interval_seconds`` (with 10% jitter).
 
     A run that changed ``backlog_at`` rows or more stopped at its bound with work left, so the
@@ -311,25 +311,25 @@ class BacklogWatch:
 
 def default_steps(
     poll_interval: float, *, queues: Sequence[str] | None = None
-) -> list[Periodic]:
+) -> list[Step]:
     """The maintenance every worker runs; ``queues`` are the queues it serves (None: all)."""
     steps = [
-        Periodic("promote", poll_interval, promote_step, wakes_workers=True),
-        Periodic("rescue", float(settings.RESCUE_INTERVAL_SECONDS), rescue_step),
-        Periodic("prune", float(settings.PRUNE_INTERVAL_SECONDS), prune_finished,
+        Step("promote", poll_interval, promote_step, wakes_workers=True),
+        Step("rescue", float(settings.RESCUE_INTERVAL_SECONDS), rescue_step),
+        Step("prune", float(settings.PRUNE_INTERVAL_SECONDS), prune_finished,
                  backlog_at=int(settings.PRUNE_BATCH)),
         # Syncs the declared schedules on its first run, then enqueues due ticks in batches.
-        Periodic("schedules", float(settings.SCHEDULE_INTERVAL_SECONDS), ScheduleStep(),
+        Step("schedules", float(settings.SCHEDULE_INTERVAL_SECONDS), ScheduleStep(),
                  backlog_at=int(settings.SCHEDULE_BATCH), wakes_workers=True),
     ]
     aging = AgingPolicy.from_settings()
     if aging.enabled:
         # Twice per interval, so a job's priority trails what its wait has earned by at most
         # half an interval.
-        steps.append(Periodic("aging", aging.interval_seconds / 2, age_priorities,
+        steps.append(Step("aging", aging.interval_seconds / 2, age_priorities,
                               backlog_at=aging.batch * BATCHES_PER_RUN))
     if settings.BACKLOG_MAX_AGE_SECONDS:
-        steps.append(Periodic("backlog", float(settings.BACKLOG_CHECK_INTERVAL_SECONDS),
+        steps.append(Step("backlog", float(settings.BACKLOG_CHECK_INTERVAL_SECONDS),
                               BacklogWatch(queues)))
     return steps
 

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from django_pgjobs import job
 from django_pgjobs.models import Job, OperatorAction, Schedule
-from django_pgjobs.periodic import enqueue_due_ticks
 from django_pgjobs.redaction import REDACTED
+from django_pgjobs.schedules import enqueue_due_ticks
 from django_pgjobs.status import JobStatus, ScheduleSource
 from tests.factories import ScheduleFactory
 

@@ -20,7 +20,7 @@ from django_pgjobs import sql
 from django_pgjobs.maintenance import (
     AgingPolicy,
     BacklogWatch,
-    Periodic,
+    Step,
     age_priorities,
     count_expired_receipts,
     count_prunable_jobs,
@@ -439,7 +439,7 @@ def test_the_backlog_watch_only_looks_at_the_queues_the_worker_serves() -> None:
 
 
 def test_a_step_runs_again_at_once_when_it_stopped_at_its_bound() -> None:
-    step = Periodic("x", 10.0, lambda using: 0, backlog_at=100)
+    step = Step("x", 10.0, lambda using: 0, backlog_at=100)
     step.schedule_next(1000.0, changed=100)
     assert step.next_due == 1000.0
     step.schedule_next(1000.0, changed=99)
@@ -449,7 +449,7 @@ def test_a_step_runs_again_at_once_when_it_stopped_at_its_bound() -> None:
 @pytest.mark.parametrize("interval", [0, -1, math.inf, math.nan])
 def test_a_step_needs_a_positive_interval(interval: float) -> None:
     with pytest.raises(ValueError, match="interval must be > 0 seconds"):
-        Periodic("x", interval, lambda using: 0)
+        Step("x", interval, lambda using: 0)
 
 
 def test_default_steps_follow_the_settings() -> None:

@@ -335,7 +335,7 @@ def test_stats_command_fails_when_a_backlog_is_unhealthy() -> None:
 
 @override_settings(PGJOBS_SCHEDULE_GRACE_SECONDS=60)
 def test_schedules_whose_last_due_tick_was_not_enqueued_in_time_are_late() -> None:
-    from django_pgjobs.periodic import enqueue_due_ticks
+    from django_pgjobs.schedules import enqueue_due_ticks
     from tests.factories import ScheduleFactory
 
     now = timezone.now()

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from .. import periodic, transitions
+from .. import schedules, transitions
 from ..conf import settings
 from ..models import IdempotencyReceipt, Job, Schedule
 from ..status import (
@@ -340,17 +340,17 @@ def run_now_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
 
 
 def apply_pause(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
-    n = periodic.pause_schedules(ids, actor=actor, reason=_reason(data))
+    n = schedules.pause_schedules(ids, actor=actor, reason=_reason(data))
     return f"Paused {schedules_text(n)}."
 
 
 def apply_resume(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
-    n = periodic.resume_schedules(ids, actor=actor, reason=_reason(data))
+    n = schedules.resume_schedules(ids, actor=actor, reason=_reason(data))
     return f"Resumed {schedules_text(n)}: each ticks next at its first tick after now."
 
 
 def apply_run_now(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
-    jobs = periodic.run_schedules_now(ids, actor=actor, reason=_reason(data))
+    jobs = schedules.run_schedules_now(ids, actor=actor, reason=_reason(data))
     made = ", ".join(str(job.pk) for job in jobs)
     return f"Enqueued {jobs_text(len(jobs))} ({made})." if jobs else "Nothing was enqueued."
 

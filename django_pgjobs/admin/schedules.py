@@ -3,7 +3,7 @@ schedules created and edited here; pause, resume and run-now behind their own pe
 
 Schedules declared in code or in PGJOBS_SCHEDULES are read-only here (the sync at worker start
 owns their definition); operators may still pause, resume and run them. Every save and every
-action is audited in its own transaction (``periodic``), and payloads show redacted to anyone
+action is audited in its own transaction (``schedules``), and payloads show redacted to anyone
 without ``pgjobs.view_raw_payload``.
 """
 
@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from .. import periodic, transitions
+from .. import schedules, transitions
 from ..conf import settings
 from ..enqueuing import encode_payload
 from ..exceptions import EnqueueError, PayloadNotJSON
@@ -154,12 +154,12 @@ class ScheduleForm(ModelForm):
         data = super().clean() or {}
         if self.errors:
             return data
-        row = Schedule(**{**{f: getattr(self.instance, f) for f in ("name", *periodic.DEFINITION)},
+        row = Schedule(**{**{f: getattr(self.instance, f) for f in ("name", *schedules.DEFINITION)},
                           **{k: v for k, v in data.items()}})
         if row.payload is None:
             row.payload = {}
             data["payload"] = {}
-        problem = periodic.row_problem(row)
+        problem = schedules.row_problem(row)
         if problem is not None:
             raise forms.ValidationError(problem)
         return data
@@ -287,7 +287,7 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
     def next_ticks_shown(self, schedule: Schedule) -> str:
         if schedule.state != "active":
             return schedule.state  # a paused or retired schedule has no next tick
-        ticks = periodic.upcoming_ticks(schedule, NEXT_TICKS_SHOWN, timezone.now())
+        ticks = schedules.upcoming_ticks(schedule, NEXT_TICKS_SHOWN, timezone.now())
         if not ticks:
             return "-"
         return format_html_join(mark_safe("<br>"), "{}",
@@ -326,8 +326,8 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
         before = None
         if change:
             stored = Schedule.objects.get(pk=obj.pk)
-            before = {f: getattr(stored, f) for f in periodic.DEFINITION}
-        periodic.save_schedule(obj, created=not change, before=before,
+            before = {f: getattr(stored, f) for f in schedules.DEFINITION}
+        schedules.save_schedule(obj, created=not change, before=before,
                                actor=transitions.Actor.of(request.user))
 
     # --- actions ---

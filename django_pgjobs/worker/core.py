@@ -34,7 +34,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from ..claimed import ClaimedJob
 from ..conf import settings
-from ..maintenance import Periodic, default_steps
+from ..maintenance import Step, default_steps
 from ..notify import Listener
 from ..outcomes import Outcome
 from ..status import AttemptOutcome
@@ -145,7 +145,7 @@ class Worker:
         shutdown_grace: float | None = None,
         using: str = DEFAULT_DB_ALIAS,
         install_signals: bool = True,
-        maintenance: Sequence[Periodic] | None = None,
+        maintenance: Sequence[Step] | None = None,
         queue_weights: Mapping[str, int] | None = None,
         listen: bool | None = None,
         async_concurrency: int = DEFAULT_ASYNC_CONCURRENCY,
@@ -367,7 +367,7 @@ class Worker:
             logger.warning("worker.cancels: database error: %s", database_error_text(exc))
             reset_connection(self.using)
 
-    def _run_step(self, step: Periodic) -> int:
+    def _run_step(self, step: Step) -> int:
         try:
             changed = step.run(self.using)
         except DatabaseError as exc:

@@ -14,7 +14,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 
 import django_pgjobs
-from django_pgjobs import periodic, transitions
+from django_pgjobs import schedules, transitions
 from django_pgjobs.conf import settings
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job, Schedule
@@ -141,7 +141,7 @@ def create_schedules(record: RunRecord) -> list[int]:
     for name, overlap, work_seconds in SCHEDULES:
         row = Schedule(name=name, task=SCHEDULED, cron=EVERY_SECOND, overlap=overlap,
                        payload={"work_seconds": work_seconds})
-        db.retrying(lambda row=row: periodic.save_schedule(row, created=True, actor=EDITOR))
+        db.retrying(lambda row=row: schedules.save_schedule(row, created=True, actor=EDITOR))
         ids.append(row.pk)
         record.schedules.names.append(name)
     return ids
@@ -164,7 +164,7 @@ class ScheduleEditor(threading.Thread):
     """Edits schedules the way an operator does in the admin while the workers tick them.
 
     An edit is one admin request: read the row and its definition, think a moment (so ticks land
-    in between), save through ``periodic.save_schedule`` with the definition as read. A pause
+    in between), save through ``schedules.save_schedule`` with the definition as read. A pause
     and the resume a moment later go through the admin's actions. It creates its schedules when
     it starts.
     """
@@ -197,18 +197,18 @@ class ScheduleEditor(threading.Thread):
 
     def _edit(self, schedule_id: int, kind: str) -> None:
         if kind == "pause":
-            periodic.pause_schedules([schedule_id], actor=EDITOR, reason="harness")
+            schedules.pause_schedules([schedule_id], actor=EDITOR, reason="harness")
             time.sleep(self.rng.uniform(*self.think))
-            periodic.resume_schedules([schedule_id], actor=EDITOR, reason="harness")
+            schedules.resume_schedules([schedule_id], actor=EDITOR, reason="harness")
             return
         row = Schedule.objects.get(pk=schedule_id)
-        before = {f: getattr(row, f) for f in periodic.DEFINITION}
+        before = {f: getattr(row, f) for f in schedules.DEFINITION}
         EDITS[kind](row, self.rng)
         time.sleep(self.rng.uniform(*self.think))
         enqueued = Schedule.objects.values_list("ticks_enqueued", flat=True).get(pk=schedule_id)
         if enqueued != row.ticks_enqueued:
             self.record.schedules.saved_over_a_tick += 1
-        periodic.save_schedule(row, created=False, before=before, actor=EDITOR)
+        schedules.save_schedule(row, created=False, before=before, actor=EDITOR)
 
 
 def stop_schedules(editor: ScheduleEditor) -> None:
@@ -217,7 +217,7 @@ def stop_schedules(editor: ScheduleEditor) -> None:
     editor.join(60)
     if editor.error is not None:
         editor.record.notes.append(f"the schedule editor failed: {editor.error!r}")
-    db.retrying(lambda: periodic.pause_schedules(editor.ids, actor=EDITOR, reason="harness"))
+    db.retrying(lambda: schedules.pause_schedules(editor.ids, actor=EDITOR, reason="harness"))
 
 
 def enqueue_later(record: RunRecord, count: int) -> None:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from django_pgjobs.management.arguments import whole_number
 from django_pgjobs.models import Job, Schedule
-from django_pgjobs.periodic import upcoming_ticks
+from django_pgjobs.schedules import upcoming_ticks
 from django_pgjobs.ticks import zone
 from django_pgjobs.validation import escape_control
 

@@ -24,12 +24,11 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import F
 
-from . import sql
+from . import models, sql
 from .conf import settings
 from .enqueuing import JobSpec, Tick, enqueue_many, validate
 from .exceptions import EnqueueError, InvalidJobOption
 from .models import Job, OperatorActionKind
-from .models import Schedule as ScheduleRow
 from .redaction import Redactor
 from .registry import redactor_for, registry
 from .status import OverlapPolicy, ScheduleSource, SkipReason
@@ -131,7 +130,7 @@ def job_problem(schedule: Schedule) -> str | None:
     return None
 
 
-def spec_for(schedule: Schedule | ScheduleRow | _Due, tick: Tick | None) -> JobSpec:
+def spec_for(schedule: Schedule | models.Schedule | _Due, tick: Tick | None) -> JobSpec:
     """The job of one tick of ``schedule``: its payload, and its queue and priority if set."""
     options: dict[str, Any] = {}
     if schedule.queue:
@@ -141,7 +140,7 @@ def spec_for(schedule: Schedule | ScheduleRow | _Due, tick: Tick | None) -> JobS
     return JobSpec(str(schedule.task), schedule.payload, options, tick=tick)
 
 
-def declaration_of(row: ScheduleRow) -> Schedule:
+def declaration_of(row: models.Schedule) -> Schedule:
     """The declaration a schedule row holds (raise ``InvalidJobOption`` when it is not one)."""
     return Schedule(
         row.cron, name=row.name, payload=row.payload, timezone=row.timezone,
@@ -150,7 +149,7 @@ def declaration_of(row: ScheduleRow) -> Schedule:
     )
 
 
-def upcoming_ticks(row: ScheduleRow, count: int, now: datetime) -> list[datetime]:
+def upcoming_ticks(row: models.Schedule, count: int, now: datetime) -> list[datetime]:
     """The next ``count`` ticks an operator should expect: from the cursor for an active
     schedule (a late one starts in the past), after ``now`` for a paused one (what a resume
     would run), none for a retired one."""
@@ -202,7 +201,7 @@ def sync_declared(*, using: str = DEFAULT_DB_ALIAS) -> SyncReport:
             cursor.execute(sql.query("admin_schedules_named"), [names])
             report.conflicts = [row[0] for row in cursor.fetchall()]
         for name, counters in dropped.items():
-            ScheduleRow.objects.using(using).filter(name=name).update(**counters)
+            models.Schedule.objects.using(using).filter(name=name).update(**counters)
     for name in report.conflicts:
         logger.warning("schedule.conflict name=%s: declared in code or settings, but an "
                        "operator's schedule has the name; the operator's is kept", name)
@@ -220,7 +219,7 @@ def _dropped_by_sync(declared: Sequence[Declared], now: datetime, using: str) ->
     no pass enqueues those ticks between this count and the write that moves the cursor.
     """
     new = {str(d.schedule.name): (d.schedule.cron, d.schedule.timezone) for d in declared}
-    stored = (ScheduleRow.objects.using(using).select_for_update()
+    stored = (models.Schedule.objects.using(using).select_for_update()
               .filter(name__in=list(new), retired_at=None)
               .exclude(source=ScheduleSource.ADMIN).order_by("name"))
     dropped = {}
@@ -456,7 +455,7 @@ def pause_schedules(
         before = _lock(selected, using)
         eligible = [i for i, row in before.items() if row.state == "active"]
         now = database_now(using=using)
-        paused = ScheduleRow.objects.using(using).filter(
+        paused = models.Schedule.objects.using(using).filter(
             pk__in=eligible, paused_at__isnull=True, retired_at__isnull=True
         ).update(paused_at=now, updated_at=now)
         audit_schedule_action(OperatorActionKind.SCHEDULE_PAUSE, actor, reason, selected, paused,
@@ -480,7 +479,7 @@ def resume_schedules(
             if row.state != "paused":
                 continue
             resumed.append(schedule_id)
-            ScheduleRow.objects.using(using).filter(
+            models.Schedule.objects.using(using).filter(
                 pk=schedule_id, paused_at__isnull=False, retired_at__isnull=True
             ).update(paused_at=None, next_tick_at=next_tick(row.cron, row.timezone, now),
                      updated_at=now)
@@ -507,7 +506,7 @@ def run_schedules_now(
                     and registry.get(row.task) is not None]
         jobs = enqueue_many([spec_for(row, Tick(row.pk, now)) for row in runnable], using=using)
         for row, job in zip(runnable, jobs, strict=True):
-            ScheduleRow.objects.using(using).filter(pk=row.pk).update(last_job_id=job.pk,
+            models.Schedule.objects.using(using).filter(pk=row.pk).update(last_job_id=job.pk,
                                                                       updated_at=now)
         audit_schedule_action(
             OperatorActionKind.SCHEDULE_RUN_NOW, actor, reason, selected, len(jobs),
@@ -519,7 +518,7 @@ def run_schedules_now(
 
 
 def save_schedule(
-    row: ScheduleRow, *, created: bool, before: dict[str, Any] | None = None,
+    row: models.Schedule, *, created: bool, before: dict[str, Any] | None = None,
     actor: Actor = CODE, using: str = DEFAULT_DB_ALIAS,
 ) -> None:
     """Save an operator's new or edited schedule and audit it, in one transaction.
@@ -556,12 +555,12 @@ def save_schedule(
         audit_schedule_action(kind, actor, "", [row.pk], 1, detail, using=using)
 
 
-def _change(row: ScheduleRow, before: dict[str, Any] | None, using: str) -> dict[str, Any]:
+def _change(row: models.Schedule, before: dict[str, Any] | None, using: str) -> dict[str, Any]:
     """Write the fields of ``row`` the operator changed from ``before``; return their old values.
 
     Locks the row first (workers' passes hold it while they enqueue its ticks).
     """
-    stored = ScheduleRow.objects.using(using).select_for_update().get(pk=row.pk)
+    stored = models.Schedule.objects.using(using).select_for_update().get(pk=row.pk)
     now = database_now(using=using)
     read = {f: (before[f] if before is not None and f in before else getattr(stored, f))
             for f in ("name", *DEFINITION)}
@@ -571,11 +570,11 @@ def _change(row: ScheduleRow, before: dict[str, Any] | None, using: str) -> dict
     if (cron, zone_name) != (stored.cron, stored.timezone):
         row.next_tick_at = changes["next_tick_at"] = next_tick(cron, zone_name, now)
         changes.update(_dropped_ticks(stored, now))
-    ScheduleRow.objects.using(using).filter(pk=row.pk).update(**changes)
+    models.Schedule.objects.using(using).filter(pk=row.pk).update(**changes)
     return {f: read[f] for f in edited}
 
 
-def _dropped_ticks(stored: ScheduleRow, now: datetime) -> dict[str, Any]:
+def _dropped_ticks(stored: models.Schedule, now: datetime) -> dict[str, Any]:
     """The counters of the due ticks an active schedule's old expression or zone no longer runs.
 
     They were due (at or before now) and no pass had enqueued them yet: they are missed, as if
@@ -596,7 +595,7 @@ def _dropped_ticks(stored: ScheduleRow, now: datetime) -> dict[str, Any]:
             "last_skip_reason": SkipReason.MISFIRE.value}
 
 
-def row_problem(row: ScheduleRow) -> str | None:
+def row_problem(row: models.Schedule) -> str | None:
     """What keeps ``row`` from being a schedule (the same rules as a declaration), or None."""
     try:
         declaration = declaration_of(row)
@@ -605,7 +604,7 @@ def row_problem(row: ScheduleRow) -> str | None:
     return job_problem(declaration)
 
 
-def _definition(row: ScheduleRow, redactor: Redactor) -> dict[str, Any]:
+def _definition(row: models.Schedule, redactor: Redactor) -> dict[str, Any]:
     values = {f: getattr(row, f) for f in DEFINITION}
     values["payload"] = redactor.payload(row.payload)
     return values
@@ -615,12 +614,13 @@ def _unique_ids(ids: Iterable[int]) -> list[int]:
     return sorted({int(i) for i in ids})
 
 
-def _lock(ids: list[int], using: str) -> dict[int, ScheduleRow]:
-    rows = ScheduleRow.objects.using(using).select_for_update().filter(pk__in=ids).order_by("id")
+def _lock(ids: list[int], using: str) -> dict[int, models.Schedule]:
+    rows = (models.Schedule.objects.using(using).select_for_update()
+            .filter(pk__in=ids).order_by("id"))
     return {row.pk: row for row in rows}
 
 
-def _states(rows: dict[int, ScheduleRow]) -> dict[str, int]:
+def _states(rows: dict[int, models.Schedule]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for row in rows.values():
         counts[row.state] = counts.get(row.state, 0) + 1

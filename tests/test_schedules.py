@@ -19,13 +19,14 @@ from django.db import DatabaseError, IntegrityError, connection, connections, tr
 from django.utils import timezone
 
 import django_pgjobs
-from django_pgjobs import Schedule, periodic
+from django_pgjobs import Schedule, schedules
 from django_pgjobs.context import JobContext
 from django_pgjobs.enqueuing import JobSpec, Tick, enqueue_many
 from django_pgjobs.executor import execute
 from django_pgjobs.models import Job, OperatorAction
 from django_pgjobs.models import Schedule as ScheduleRow
-from django_pgjobs.periodic import (
+from django_pgjobs.registry import registry
+from django_pgjobs.schedules import (
     DEFINITION,
     PASS_HOLD_SECONDS,
     ScheduleStep,
@@ -37,7 +38,6 @@ from django_pgjobs.periodic import (
     save_schedule,
     sync_declared,
 )
-from django_pgjobs.registry import registry
 from django_pgjobs.status import JobStatus, ScheduleSource
 from django_pgjobs.transitions import Actor, claim_jobs, database_now
 from tests.conftest import MANAGE, ROOT, wait_for, worker_env
@@ -207,7 +207,7 @@ def test_a_schedules_error_is_kept_on_one_line_without_its_payloads_secrets(monk
     def fails(*args: Any, **kwargs: Any) -> Any:
         raise ValueError("cannot plan\nwith k-4242-secret\x00")
 
-    monkeypatch.setattr(periodic, "plan_ticks", fails)
+    monkeypatch.setattr(schedules, "plan_ticks", fails)
     enqueue_due_ticks(now=at(0.5))
     assert fresh(schedule).last_error == "ValueError: cannot plan\\nwith [redacted]\\x00"
 
@@ -276,7 +276,7 @@ def stopped_pass(monkeypatch) -> Iterator[Callable[[datetime], StoppedPass]]:
 
     def start(now: datetime) -> StoppedPass:
         stopped = StoppedPass(now)
-        monkeypatch.setattr(periodic, "plan_ticks", stopped.plan_ticks(periodic.plan_ticks))
+        monkeypatch.setattr(schedules, "plan_ticks", stopped.plan_ticks(schedules.plan_ticks))
         stopped.start()
         assert stopped.holding.wait(30)
         started.append(stopped)
