@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
 
 import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.maintenance import Step, rescue_step
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
@@ -524,6 +526,26 @@ def test_a_process_isolated_timeout_counts_from_the_handlers_start(monkeypatch) 
     stored = Job.objects.get(pk=job.pk)
     assert (stored.status, stored.failure_class) == (JobStatus.SUCCEEDED, "")
     assert stored.result not in (None, os.getpid())
+
+
+@pytest.mark.slow
+def test_a_process_isolated_handler_has_its_whole_lease_after_a_slow_start_up(
+    monkeypatch, settings
+) -> None:
+    # The child's start-up (2 s of settings, then Django) takes more than a third of the 6 s
+    # lease; the handler then runs 4.5 s, within its timeout. Had the lease kept counting from
+    # the claim, it would end while the handler ran and the rescue would take the job over.
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_child_settings")
+    settings.PGJOBS_RESCUE_BATCH = 10
+    job = django_pgjobs.enqueue("demo.sleep_process", {"seconds": 4.5},
+                                lease=timedelta(seconds=6), timeout=timedelta(seconds=8))
+    worker = Worker(burst=True, install_signals=False, poll_interval=0.05,
+                    maintenance=[Step("rescue", 0.1, rescue_step)])
+    assert worker.run() == 0
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.status, stored.attempts, stored.failure_class) == (
+        JobStatus.SUCCEEDED, 1, "")
+    assert outcomes_of(job.pk) == [AttemptOutcome.SUCCEEDED]
 
 
 def test_a_stop_before_the_child_is_up_keeps_the_handler_from_starting() -> None:

@@ -27,7 +27,7 @@ from ..context import JobContext
 from ..executor import execute
 from ..outcomes import Outcome
 from ..registry import Handler, registry
-from ..transitions import cancel_requested
+from ..transitions import cancel_requested, extend_leases
 from .aio import AsyncRunner
 from .connections import database_reachable, reset_connection
 from .isolation import ChildProcess
@@ -161,14 +161,25 @@ class BatchRunner:
                 slot.child = ChildProcess(worker_id=self.worker_id, using=self.using)
             child = slot.child
             stop = functools.partial(child.kill, job)
-        # A child's handler starts once the child is up: it says when (``running.start``).
+        # A child's handler starts once the child is up: it says when (``handler_starts``).
         running = RunningJob(job, ctx, None if child else time.monotonic(), stop=stop)
+
+        def handler_starts() -> None:
+            # A fresh child's start-up spent lease time that the handler's timeout does not
+            # count: renew the lease as the handler starts, so the handler has the whole lease
+            # a thread's handler has, and its timeout still comes before the lease's end. A
+            # child already up starts at once and needs no round trip.
+            if job.lease_left_seconds() < job.lease_seconds * 2 / 3:
+                extended = extend_leases([(job.id, job.lease_token)], using=self.using)
+                ctx.heartbeat_answered(job.id in extended, extended.get(job.id, False))
+            running.start()
+
         self.running.started(running)
         if slot.heartbeat:
             self.settler.watch(ctx)
         try:
             if child is not None:
-                return child.run(job, started=running.start)
+                return child.run(job, started=handler_starts)
             return execute(job, ctx)
         finally:
             if slot.heartbeat:
