@@ -20,10 +20,12 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from . import sql
 from .conf import DEFAULT_RETENTION_SECONDS, settings
 from .models import PRIORITY_MAX, PRIORITY_MIN
+from .receipts import delete_expired_receipts
 from .schedules import ScheduleStep
 from .stats import backlog_max_age, backlog_policy
 from .status import TERMINAL_STATUSES, JobStatus
 from .transitions import (
+    delete_finished_jobs,
     promote_due_jobs,
     raise_waiting_priorities,
     ready_queues,
@@ -197,20 +199,13 @@ def prune_jobs(
         raise ValueError(f"only terminal jobs are pruned, not {status!r}")
     _positive_seconds("retention", retention, allow_zero=True)
     _whole("prune batch", limit, 1, 1_000_000)
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("prune_jobs"),
-                       {"status": status, "retention": float(retention), "limit": limit})
-        row = cursor.fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
+    return delete_finished_jobs(status, float(retention), limit, using=using)
 
 
 def prune_receipts(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> int:
     """Delete up to ``limit`` idempotency receipts past their expiry; return how many."""
     _whole("prune batch", limit, 1, 1_000_000)
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("prune_receipts"), {"limit": limit})
-        return cursor.rowcount
+    return delete_expired_receipts(limit, using=using)
 
 
 def count_prunable_jobs(status: str, *, using: str = DEFAULT_DB_ALIAS) -> int:

@@ -103,3 +103,10 @@ def receipt(
             if cursor.fetchone() is None:
                 raise LeaseLost(f"job {job_id}: lease lost inside receipt {scope}:{key}; the "
                                 "block was rolled back")
+
+
+def delete_expired_receipts(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Delete up to ``limit`` receipts past their expiry, oldest first; return how many."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("prune_receipts"), {"limit": limit})
+        return cursor.rowcount

@@ -13,12 +13,17 @@ Read it top to bottom:
 5. ``promote_due_jobs``: SCHEDULED and RETRYING whose time came -> READY (and
    ``promote_jobs_due_by``, the same as of a given time, for tests).
 6. ``raise_waiting_priorities``: READY stays READY with a higher priority (aging).
-7. Operators: ``retry_jobs``, ``cancel_jobs``, ``dead_letter_jobs``, ``replay_job``.
+7. ``delete_finished_jobs``: a terminal job past its retention leaves the table with its
+   attempts (``maintenance.prune_jobs`` keeps the cadence and the batches).
+8. Operators: ``retry_jobs``, ``cancel_jobs``, ``dead_letter_jobs``, ``replay_job``.
 
-A schedule's jobs enter through enqueue like any other (``periodic`` builds them); operators'
+This module runs every write to ``pgjobs_job`` and ``pgjobs_attempt`` but one, the INSERT of a
+new job, which enqueue runs in its caller's transaction (``sql/enqueue.sql``). The statements of
+1 to 7 are in ``sql/jobs.sql``; the operator transitions are ORM updates of the rows they lock.
+A schedule's jobs enter through enqueue like any other (``schedules`` builds them); operators'
 actions on schedules are audited here too (``audit_schedule_action``).
 
-Finished jobs leave the table through ``maintenance.prune_jobs`` (retention). Every transition
+Every transition
 is one guarded statement (or one short transaction) whose WHERE clause says which state, and for
 a running job which lease token, it applies to; each returns what it changed, and the caller
 decides what a zero means. Times that decide ownership come from the database clock.
@@ -376,6 +381,28 @@ def raise_waiting_priorities(
     return AgingBatch(int(raised), int(taken), last)
 
 
+# --- 7. retention --------------------------------------------------------------------------------
+
+
+def delete_finished_jobs(
+    status: str, retention_seconds: float, limit: int, *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[int, int]:
+    """Delete up to ``limit`` jobs that finished in ``status`` over ``retention_seconds`` ago,
+    with their attempts, in one statement; return (jobs deleted, attempts deleted).
+
+    The statement matches terminal states only, whatever ``status`` says.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("prune_jobs"),
+                       {"status": status, "retention": retention_seconds, "limit": limit})
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+# --- reads between claims ------------------------------------------------------------------------
+
+
 def ready_queues(*, using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """The queues that have ready jobs now."""
     with connections[using].cursor() as cursor:
@@ -391,7 +418,7 @@ def database_now(*, using: str = DEFAULT_DB_ALIAS) -> datetime:
     return row[0]
 
 
-# --- 7. operator transitions (the admin and management commands call these) -----------------
+# --- 8. operator transitions (the admin and management commands call these) -----------------
 # Each locks the selected rows in id order (so two operators cannot deadlock, and a claim, which
 # skips locked rows, cannot take one mid-action), applies one update guarded by status, and
 # writes its audit row in the same transaction: the audit says exactly what changed.
@@ -682,6 +709,7 @@ __all__ = [
     "claim_jobs",
     "claim_statement",
     "dead_letter_jobs",
+    "delete_finished_jobs",
     "extend_leases",
     "pause_queue",
     "promote_due_jobs",

@@ -1,3 +1,8 @@
+-- Every statement that writes pgjobs_job, and pgjobs_attempt, whose rows are written only with
+-- their job's: the settle inserts an attempt's row as it ends the attempt, the prune deletes them
+-- with their job. transitions.py runs each of them; enqueue.sql holds the INSERT that creates a
+-- job in its caller's transaction, which enqueuing.py runs.
+
 -- name: claim_jobs
 -- The candidates CTE is the ORM's select_for_update(skip_locked=True) query over the claim index.
 -- Kept in its own CTE it is an optimisation fence: the planner cannot fold it into the UPDATE
@@ -156,11 +161,6 @@ FROM unnest(%s::bigint[], %s::uuid[]) AS h(id, token)
 WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'running'
 RETURNING j.id, j.lease_expires_at, j.cancel_requested_at IS NOT NULL
 
--- name: cancel_requested
--- The jobs of a worker's that an operator asked to stop, by primary key.
-SELECT id FROM pgjobs_job
-WHERE id = ANY(%s::bigint[]) AND status = 'running' AND cancel_requested_at IS NOT NULL
-
 -- name: promote_due_jobs
 -- Scheduled and retrying jobs whose time has come become ready, oldest first, in one bounded
 -- batch; SKIP LOCKED lets several workers promote at once without waiting on each other.
@@ -198,21 +198,67 @@ FROM due
 WHERE j.id = due.id
 RETURNING j.queue
 
--- name: ready_queues
--- The distinct queues that have ready jobs and are not paused, read as a loose index scan over
--- the claim index (one index probe per queue instead of a scan of every ready row).
-WITH RECURSIVE q(queue) AS (
-    (SELECT queue FROM pgjobs_job WHERE status = 'ready' ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM pgjobs_job AS j
-            WHERE j.status = 'ready' AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM q
-    WHERE q.queue IS NOT NULL
+-- name: raise_waiting_priorities
+-- One bounded batch of aging inside one (queue, priority) level of the claim index, in (run_at,
+-- id) order after a keyset position. A job's aged priority is its base priority plus one step
+-- per whole interval it has been ready, capped. It has been ready since its run_at, or since it
+-- was enqueued when that is later: a run_at given in the past is when the job was wanted, not a
+-- wait it served, and counting from it would raise a job enqueued at -100 with a run_at of last
+-- week to the cap in one step. The claim's ORDER BY (priority DESC, run_at, id) then breaks ties
+-- between equal priorities in favour of the longest wait. Rows a claim holds are skipped, not
+-- waited for. The last row of the batch is returned so the caller can continue after it.
+WITH due AS (
+    SELECT id, run_at,
+           LEAST(%(cap)s, base_priority + %(step)s * floor(
+               extract(epoch FROM now() - GREATEST(run_at, created_at))
+               / %(interval)s::float8))::smallint AS aged
+    FROM pgjobs_job
+    WHERE status = 'ready' AND queue = %(queue)s AND priority = %(priority)s
+      AND run_at <= now() - make_interval(secs => %(interval)s::float8)
+      AND (run_at, id) > (%(after_run_at)s::timestamptz, %(after_id)s::bigint)
+      AND LEAST(%(cap)s, base_priority + %(step)s * floor(
+              extract(epoch FROM now() - GREATEST(run_at, created_at))
+              / %(interval)s::float8)) > priority
+    ORDER BY run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), aged AS (
+    UPDATE pgjobs_job AS j
+    SET priority = due.aged, updated_at = now()
+    FROM due
+    WHERE j.id = due.id AND j.status = 'ready' AND j.priority < due.aged
+    RETURNING j.id
 )
-SELECT q.queue FROM q
-WHERE q.queue IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM pgjobs_queue AS p WHERE p.name = q.queue AND p.paused)
+SELECT (SELECT count(*) FROM aged),
+       count(*),
+       (array_agg(due.run_at ORDER BY due.run_at DESC, due.id DESC))[1],
+       (array_agg(due.id ORDER BY due.run_at DESC, due.id DESC))[1]
+FROM due
 
--- name: db_now
-SELECT now()
+-- name: prune_jobs
+-- Delete one bounded batch of jobs that finished in one terminal state longer ago than its
+-- retention, with their attempts, in one statement (one short transaction). The terminal states
+-- are spelled out in both WHERE clauses on purpose: whatever state the caller names, a job that
+-- can still run never matches, and the DELETE repeats the test as the guard on the write itself.
+-- SKIP LOCKED leaves a row an operator is retrying at this moment alone.
+WITH doomed AS (
+    SELECT id
+    FROM pgjobs_job
+    WHERE status = %(status)s
+      AND status IN ('succeeded', 'dead', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(retention)s::float8)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), attempts AS (
+    DELETE FROM pgjobs_attempt AS a
+    USING doomed
+    WHERE a.job_id = doomed.id
+    RETURNING a.id
+), jobs AS (
+    DELETE FROM pgjobs_job AS j
+    USING doomed
+    WHERE j.id = doomed.id AND j.status IN ('succeeded', 'dead', 'cancelled')
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM attempts)

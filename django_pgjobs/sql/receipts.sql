@@ -1,3 +1,6 @@
+-- Every statement that writes pgjobs_receipt (receipts.py runs them), and the reads that go with
+-- them.
+
 -- name: take_receipt
 -- Insert first, read after: a second holder of the same (scope, key) waits here on the unique
 -- index until the first one's transaction ends, so two attempts cannot both see "not done".
@@ -16,3 +19,18 @@ UPDATE pgjobs_receipt SET result = %s::jsonb WHERE id = %s
 -- The job still runs under this token; its row stays locked (FOR SHARE) until the receipt's
 -- transaction ends, so no settlement or rescue can take the lease before the commit.
 SELECT 1 FROM pgjobs_job WHERE id = %s AND lease_token = %s AND status = 'running' FOR SHARE
+
+-- name: prune_receipts
+-- Delete one bounded batch of receipts past their expiry (set when written, from the receipt
+-- retention), oldest first.
+WITH doomed AS (
+    SELECT id
+    FROM pgjobs_receipt
+    WHERE expires_at < now()
+    ORDER BY expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgjobs_receipt AS r
+USING doomed
+WHERE r.id = doomed.id AND r.expires_at < now()
