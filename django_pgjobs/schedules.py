@@ -33,7 +33,14 @@ from .redaction import Redactor
 from .registry import redactor_for, registry
 from .status import OverlapPolicy, ScheduleSource, SkipReason
 from .ticks import Schedule, due_count, next_tick, next_ticks, plan_ticks, ticks_from
-from .transitions import CODE, Actor, audit_schedule_action, database_now
+from .transitions import (
+    CODE,
+    Actor,
+    audit_schedule_action,
+    counts_by_state,
+    database_now,
+    unique_ids,
+)
 from .validation import escape_control, schedule_name_problem
 
 logger = logging.getLogger("django_pgjobs.schedules")
@@ -450,7 +457,7 @@ def pause_schedules(
     ids: Iterable[int], *, actor: Actor = CODE, reason: str = "", using: str = DEFAULT_DB_ALIAS
 ) -> int:
     """Stop active schedules from ticking; their cursor waits for a resume."""
-    selected = _unique_ids(ids)
+    selected = unique_ids(ids)
     with transaction.atomic(using=using):
         before = _lock(selected, using)
         eligible = [i for i, row in before.items() if row.state == "active"]
@@ -470,7 +477,7 @@ def resume_schedules(
 
     Ticks that fell while a schedule was paused do not run: a pause means "not now".
     """
-    selected = _unique_ids(ids)
+    selected = unique_ids(ids)
     with transaction.atomic(using=using):
         before = _lock(selected, using)
         now = database_now(using=using)
@@ -498,7 +505,7 @@ def run_schedules_now(
     counts as the schedule's last job (an overlap ``skip`` waits for it). Retired schedules,
     and those whose jobs enqueue refuses, get none. The cursor does not move.
     """
-    selected = _unique_ids(ids)
+    selected = unique_ids(ids)
     with transaction.atomic(using=using):
         before = _lock(selected, using)
         now = database_now(using=using)
@@ -610,21 +617,17 @@ def _definition(row: models.Schedule, redactor: Redactor) -> dict[str, Any]:
     return values
 
 
-def _unique_ids(ids: Iterable[int]) -> list[int]:
-    return sorted({int(i) for i in ids})
-
-
 def _lock(ids: list[int], using: str) -> dict[int, models.Schedule]:
     rows = (models.Schedule.objects.using(using).select_for_update()
             .filter(pk__in=ids).order_by("id"))
     return {row.pk: row for row in rows}
 
 
+
+
+
 def _states(rows: dict[int, models.Schedule]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in rows.values():
-        counts[row.state] = counts.get(row.state, 0) + 1
-    return counts
+    return counts_by_state(row.state for row in rows.values())
 
 
 __all__ = [
@@ -646,3 +649,4 @@ __all__ = [
     "sync_declared",
     "upcoming_ticks",
 ]
+

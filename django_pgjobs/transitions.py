@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -449,7 +450,7 @@ def retry_jobs(
     A job whose unique key another active job holds stays as it is: two active jobs with one
     key are what the key forbids (the audit row lists it as ``held_elsewhere``).
     """
-    ids = _unique_ids(job_ids)
+    ids = unique_ids(job_ids)
     with transaction.atomic(using=using):
         before = _lock(ids, using)
         eligible = [i for i, status in before.items() if status in RETRYABLE_STATUSES]
@@ -465,7 +466,7 @@ def retry_jobs(
             )
         )
         _audit(OperatorActionKind.RETRY, actor, reason, ids, retried,
-               {"before": _counts(before), "retried": eligible,
+               {"before": counts_by_state(before.values()), "retried": eligible,
                 **({"held_elsewhere": sorted(held)} if held else {})}, using)
         _notify(eligible, using)
     return retried
@@ -481,7 +482,7 @@ def cancel_jobs(
     or while it runs (the lease contract's takeover). Its handler may still finish first: the
     job then ends as the handler reported, and ``cancel_shown`` on its page says so.
     """
-    ids = _unique_ids(job_ids)
+    ids = unique_ids(job_ids)
     jobs = Job.objects.using(using)
     with transaction.atomic(using=using):
         before = _lock(ids, using)
@@ -505,8 +506,9 @@ def cancel_jobs(
         too_late = {str(i): status for i, status in before.items()
                     if status in TERMINAL_STATUSES}
         _audit(OperatorActionKind.CANCEL, actor, reason, ids, cancelled + asked,
-               {"before": _counts(before), "cancelled": waiting, "asked_to_stop": asked_ids,
-                **({"too_late": too_late} if too_late else {})}, using)
+               {"before": counts_by_state(before.values()), "cancelled": waiting,
+                "asked_to_stop": asked_ids, **({"too_late": too_late} if too_late else {})},
+               using)
     return cancelled, asked
 
 
@@ -516,7 +518,7 @@ def dead_letter_jobs(
     """Move waiting jobs to dead by hand. Running jobs are left to their lease holder."""
     if not reason.strip():
         raise ValueError("dead-lettering needs a reason")
-    ids = _unique_ids(job_ids)
+    ids = unique_ids(job_ids)
     with transaction.atomic(using=using):
         before = _lock(ids, using)
         eligible = [i for i, status in before.items() if status in WAITING_STATUSES]
@@ -530,7 +532,7 @@ def dead_letter_jobs(
             )
         )
         _audit(OperatorActionKind.DEAD_LETTER, actor, reason, ids, dead,
-               {"before": _counts(before), "dead_lettered": eligible}, using)
+               {"before": counts_by_state(before.values()), "dead_lettered": eligible}, using)
     return dead
 
 
@@ -640,8 +642,9 @@ def audit_schedule_action(
     )
 
 
-def _unique_ids(job_ids: Iterable[int]) -> list[int]:
-    return sorted({int(i) for i in job_ids})
+def unique_ids(ids: Iterable[int]) -> list[int]:
+    """An operator's selection, each id once, in the order rows are locked (by id)."""
+    return sorted({int(i) for i in ids})
 
 
 def _lock(ids: list[int], using: str) -> dict[int, str]:
@@ -672,11 +675,9 @@ def _unique_keys_held_elsewhere(ids: list[int], using: str) -> set[int]:
     return held
 
 
-def _counts(statuses: dict[int, str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for status in statuses.values():
-        counts[status] = counts.get(status, 0) + 1
-    return counts
+def counts_by_state(states: Iterable[str]) -> dict[str, int]:
+    """How many of an operator's selection were in each state (the audit's "before")."""
+    return dict(Counter(states))
 
 
 def _audit(
@@ -708,6 +709,7 @@ __all__ = [
     "cancel_requested",
     "claim_jobs",
     "claim_statement",
+    "counts_by_state",
     "dead_letter_jobs",
     "delete_finished_jobs",
     "extend_leases",
@@ -723,4 +725,5 @@ __all__ = [
     "retry_jobs",
     "settle",
     "settle_and_claim",
+    "unique_ids",
 ]
