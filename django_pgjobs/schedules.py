@@ -623,9 +623,6 @@ def _lock(ids: list[int], using: str) -> dict[int, models.Schedule]:
     return {row.pk: row for row in rows}
 
 
-
-
-
 def _states(rows: dict[int, models.Schedule]) -> dict[str, int]:
     return counts_by_state(row.state for row in rows.values())
 
