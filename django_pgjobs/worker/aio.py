@@ -108,17 +108,12 @@ class AsyncRunner:
         def stop() -> None:
             loop.call_soon_threadsafe(task.cancel)
 
-        self.running.started(RunningJob(job, ctx, time.monotonic(), stop=stop))
-        if heartbeat:
-            self.settler.watch(ctx)
-        try:
-            outcome = await aexecute(job, ctx)
-        except Exception as exc:  # the worker's own code failed: the job's failure
-            outcome = failed_around(job, exc, worker_id=self.worker_id)
-        finally:
-            if heartbeat:
-                self.settler.unwatch(ctx)
-            self.running.finished(job.id)
+        with self.running.tracking(RunningJob(job, ctx, time.monotonic(), stop=stop),
+                                   heartbeat=heartbeat):
+            try:
+                outcome = await aexecute(job, ctx)
+            except Exception as exc:  # the worker's own code failed: the job's failure
+                outcome = failed_around(job, exc, worker_id=self.worker_id)
         self.settler.put(ctx.settlement(outcome))
 
     def _done(self, future: Future[None]) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..claimed import ClaimedJob
@@ -55,6 +56,21 @@ class RunningJobs:
         self.worker_id = worker_id
         self._jobs: dict[int, RunningJob] = {}
         self._lock = threading.Lock()
+
+    @contextmanager
+    def tracking(self, running: RunningJob, *, heartbeat: bool) -> Iterator[RunningJob]:
+        """Hold ``running`` here while its handler runs, for the thread and the event loop
+        alike: the watchdog sees it (timeouts, cancels), and the settler heartbeats the lease
+        of a handler declared long."""
+        self.started(running)
+        if heartbeat:
+            self.settler.watch(running.ctx)
+        try:
+            yield running
+        finally:
+            if heartbeat:
+                self.settler.unwatch(running.ctx)
+            self.finished(running.job.id)
 
     def started(self, running: RunningJob) -> None:
         with self._lock:

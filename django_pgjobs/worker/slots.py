@@ -174,17 +174,12 @@ class BatchRunner:
                 ctx.heartbeat_answered(job.id in extended, extended.get(job.id, False))
             running.start()
 
-        self.running.started(running)
-        if slot.heartbeat:
-            self.settler.watch(ctx)
         try:
-            if child is not None:
-                return child.run(job, started=handler_starts)
-            return execute(job, ctx)
+            with self.running.tracking(running, heartbeat=slot.heartbeat):
+                if child is not None:
+                    return child.run(job, started=handler_starts)
+                return execute(job, ctx)
         finally:
-            if slot.heartbeat:
-                self.settler.unwatch(ctx)
-            self.running.finished(job.id)
             slot.job = None
 
     def _next(self, slot: Slot) -> tuple[ClaimedJob, Handler | None] | None:
