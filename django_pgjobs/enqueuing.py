@@ -36,20 +36,13 @@ from .payloads import encode_json
 from .registry import Handler, registry
 from .validation import (
     DURATION_MAX_SECONDS,
-    FAIRNESS_KEY_MAX_LENGTH,
-    KEY_MAX_LENGTH,
-    LEASE_MAX_SECONDS,
-    MAX_ATTEMPTS_LIMIT,
-    PRIORITY_MAX,
-    PRIORITY_MIN,
-    TRACE_MAX_LENGTH,
     duration_problem,
     escape_control,
     nesting_problem,
+    option_problem,
     queue_problem,
     seconds_of,
     shown,
-    text_problem,
     whole_number_problem,
 )
 
@@ -623,25 +616,21 @@ def _check_options(
         raise UnknownQueue(
             f"unknown queue {queue!r}: PGJOBS_QUEUES declares {', '.join(sorted(defaults.queues))}"
         )
-    _check("priority", whole_number_problem(priority, PRIORITY_MIN, PRIORITY_MAX))
-    _check("max_attempts", whole_number_problem(max_attempts, 1, MAX_ATTEMPTS_LIMIT))
-    _check("payload_version", whole_number_problem(payload_version, 1, 32767))
-    _check("lease", duration_problem(lease, 1, LEASE_MAX_SECONDS) if lease is not None else None)
-    _check("max_age", duration_problem(max_age, 0, DURATION_MAX_SECONDS, low_inclusive=False)
-           if max_age is not None else None)
-    _check("idempotency_key", text_problem(key, KEY_MAX_LENGTH) if key is not None else None)
-    _check("unique_key", text_problem(unique_key, KEY_MAX_LENGTH)
-           if unique_key is not None else None)
-    _check("unique_period", duration_problem(unique_period, 1, DURATION_MAX_SECONDS)
-           if unique_period is not None else None)
+    # Each rule is validation.OPTION_RULES'; an option that is None takes its default, except
+    # these three, which always have a value by now.
+    for option, value in (("priority", priority), ("max_attempts", max_attempts),
+                          ("payload_version", payload_version)):
+        _check(option_problem(option, value))
+    for option, value in (("lease", lease), ("max_age", max_age), ("idempotency_key", key),
+                          ("unique_key", unique_key), ("unique_period", unique_period)):
+        if value is not None:
+            _check(option_problem(option, value))
     if unique_period is not None and unique_key is None:
         raise InvalidJobOption("unique_period needs a unique_key (the key it makes unique)")
-    _check("timeout", duration_problem(timeout, 0, DURATION_MAX_SECONDS, low_inclusive=False)
-           if timeout is not None else None)
-    _check("trace_id", text_problem(trace_id, TRACE_MAX_LENGTH, allow_empty=True)
-           if trace_id is not None else None)
-    _check("fairness_key", text_problem(fairness_key, FAIRNESS_KEY_MAX_LENGTH)
-           if fairness_key is not None else None)
+    for option, value in (("timeout", timeout), ("trace_id", trace_id),
+                          ("fairness_key", fairness_key)):
+        if value is not None:
+            _check(option_problem(option, value))
 
 
 def _checked_tick(tick: Any) -> Tick | None:
@@ -655,9 +644,9 @@ def _checked_tick(tick: Any) -> Tick | None:
     return tick
 
 
-def _check(option: str, problem: str | None) -> None:
+def _check(problem: str | None) -> None:
     if problem is not None:
-        raise InvalidJobOption(f"{option} {problem}")
+        raise InvalidJobOption(problem)
 
 
 def _due_in(run_at: Any, delay: Any, max_age_seconds: float) -> float:
@@ -674,7 +663,8 @@ def _due_in(run_at: Any, delay: Any, max_age_seconds: float) -> float:
         due_in = (run_at - timezone.now()).total_seconds()
         what = f"run_at {run_at.isoformat()}"
     elif delay is not None:
-        _check("delay", duration_problem(delay, 0, DURATION_MAX_SECONDS))
+        problem = duration_problem(delay, 0, DURATION_MAX_SECONDS)
+        _check(problem and f"delay {problem}")
         due_in = seconds_of(delay) or 0.0
         what = f"delay of {due_in:g}s"
     else:

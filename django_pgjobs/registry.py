@@ -11,7 +11,7 @@ from .conf import settings
 from .exceptions import InvalidJobOption
 from .redaction import Redactor, compile_path
 from .ticks import Schedule
-from .validation import DURATION_MAX_SECONDS, duration_problem, task_name_problem
+from .validation import option_problem, queue_problem, task_name_problem
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -53,18 +53,23 @@ class Handler:
         problem = task_name_problem(name)
         if problem is not None:
             raise InvalidJobOption(f"task name {problem}")
-        if not isinstance(version, int) or version < 1:
-            raise InvalidJobOption(f"task {name!r}: version must be a whole number >= 1")
-        if lease is not None and lease.total_seconds() < 1:
-            raise InvalidJobOption(f"task {name!r}: lease must be at least one second")
+        # The handler's defaults obey the rules every enqueue checks (validation.OPTION_RULES):
+        # a default no enqueue would accept fails here, at import.
+        for option, value in (("payload_version", version), ("priority", priority),
+                              ("max_attempts", max_attempts), ("max_age", max_age),
+                              ("lease", lease), ("timeout", timeout)):
+            problem = None if value is None else option_problem(option, value)
+            if problem is not None:
+                raise InvalidJobOption(f"task {name!r}: {_declared(problem)}")
+        if queue is not None:
+            problem = queue_problem(queue)
+            if problem is not None:
+                raise InvalidJobOption(f"task {name!r}: queue {problem}")
         if heartbeat and lease is None:
             raise InvalidJobOption(
                 f"task {name!r}: heartbeat=True needs an explicit lease= "
                 "(heartbeats are for work that declares a longer lease)"
             )
-        problem = duration_problem(timeout, 0, DURATION_MAX_SECONDS, low_inclusive=False)
-        if timeout is not None and problem is not None:
-            raise InvalidJobOption(f"task {name!r}: timeout {problem}")
         if isolation not in ISOLATIONS:
             raise InvalidJobOption(
                 f"task {name!r}: isolation must be one of {', '.join(ISOLATIONS)}, "
@@ -128,6 +133,12 @@ class Handler:
     def enqueue(self, payload: Any, **options: Any) -> Job:
         """Enqueue a job for this handler in the caller's transaction."""
         return registry.enqueuer(self, payload, **options)
+
+
+def _declared(problem: str) -> str:
+    """An enqueue option's problem, named as ``@job`` names the option."""
+    return "version" + problem.removeprefix("payload_version") if problem.startswith(
+        "payload_version") else problem
 
 
 def _declared_schedules(

@@ -224,6 +224,31 @@ def _span(low: float, high: float, low_inclusive: bool) -> str:
     return f"from {low:g} to {high:g}" if low_inclusive else f"above {low:g} and at most {high:g}"
 
 
+# The rule of each job option, written once: enqueue checks the options of every job by it,
+# and @job checks a handler's defaults by it when the handler is declared, so a default that no
+# enqueue would accept fails at import, not on every enqueue.
+OPTION_RULES: dict[str, Callable[[object], str | None]] = {
+    "priority": lambda v: whole_number_problem(v, PRIORITY_MIN, PRIORITY_MAX),
+    "max_attempts": lambda v: whole_number_problem(v, 1, MAX_ATTEMPTS_LIMIT),
+    "payload_version": lambda v: whole_number_problem(v, 1, 32767),
+    "lease": lambda v: duration_problem(v, 1, LEASE_MAX_SECONDS),
+    "max_age": lambda v: duration_problem(v, 0, DURATION_MAX_SECONDS, low_inclusive=False),
+    "timeout": lambda v: duration_problem(v, 0, DURATION_MAX_SECONDS, low_inclusive=False),
+    "idempotency_key": lambda v: text_problem(v, KEY_MAX_LENGTH),
+    "unique_key": lambda v: text_problem(v, KEY_MAX_LENGTH),
+    "unique_period": lambda v: duration_problem(v, 1, DURATION_MAX_SECONDS),
+    "trace_id": lambda v: text_problem(v, TRACE_MAX_LENGTH, allow_empty=True),
+    "fairness_key": lambda v: text_problem(v, FAIRNESS_KEY_MAX_LENGTH),
+}
+
+
+def option_problem(option: str, value: object) -> str | None:
+    """What is wrong with ``value`` for the job option ``option`` ("priority must be ..."), or
+    None. The caller leaves out an option whose None means "the default"."""
+    problem = OPTION_RULES[option](value)
+    return None if problem is None else f"{option} {problem}"
+
+
 def poll_interval_problem(value: object) -> str | None:
     """A worker's poll interval: seconds, from the floor that keeps an idle worker idle."""
     return number_problem(value, MIN_POLL_INTERVAL_SECONDS, POLL_INTERVAL_MAX_SECONDS)
@@ -377,6 +402,7 @@ __all__ = [
     "LEASE_MAX_SECONDS",
     "MAX_ATTEMPTS_LIMIT",
     "MIN_POLL_INTERVAL_SECONDS",
+    "OPTION_RULES",
     "POLL_INTERVAL_MAX_SECONDS",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
@@ -400,6 +426,7 @@ __all__ = [
     "escape_control",
     "missing_extra",
     "number_problem",
+    "option_problem",
     "poll_interval_problem",
     "queue_problem",
     "schedule_name_problem",

@@ -202,6 +202,16 @@ def test_bad_lifecycle_options_are_refused_before_any_sql(options, message) -> N
 @pytest.mark.parametrize(("options", "message"), [
     ({"timeout": -1}, "timeout must be above 0"),
     ({"isolation": "fiber"}, "isolation must be one of thread, process"),
+    # Defaults that every enqueue would refuse, by the same rule, refused at import instead.
+    ({"priority": 500}, "priority must be a whole number from -100 to 100"),
+    ({"priority": True}, "priority must be a whole number"),
+    ({"max_attempts": 0}, "max_attempts must be a whole number from 1 to"),
+    ({"version": 40_000}, "version must be a whole number from 1 to 32767"),
+    ({"version": 0}, "version must be a whole number from 1 to 32767"),
+    ({"max_age": timedelta(0)}, "max_age must be above 0"),
+    ({"lease": timedelta(days=8)}, "lease must be from 1 to"),
+    ({"lease": timedelta(seconds=0.5)}, "lease must be from 1 to"),
+    ({"queue": "no spaces"}, "queue "),
 ])
 def test_bad_handler_lifecycle_options_are_refused_at_declaration(options, message) -> None:
     with pytest.raises(django_pgjobs.InvalidJobOption, match=message):
