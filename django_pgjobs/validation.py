@@ -227,16 +227,31 @@ def _span(low: float, high: float, low_inclusive: bool) -> str:
 # The rule of each job option, written once: enqueue checks the options of every job by it,
 # and @job checks a handler's defaults by it when the handler is declared, so a default that no
 # enqueue would accept fails at import, not on every enqueue.
+# The durations' spans in seconds (low, high, whether low itself is allowed), which the
+# django.tasks backend's ``*_seconds`` OPTIONS take too.
+DURATION_SPANS: dict[str, tuple[float, float, bool]] = {
+    "lease": (1, LEASE_MAX_SECONDS, True),
+    "max_age": (0, DURATION_MAX_SECONDS, False),
+    "timeout": (0, DURATION_MAX_SECONDS, False),
+    "unique_period": (1, DURATION_MAX_SECONDS, True),
+}
+
+
+def _duration(option: str) -> Callable[[object], str | None]:
+    low, high, low_inclusive = DURATION_SPANS[option]
+    return lambda v: duration_problem(v, low, high, low_inclusive=low_inclusive)
+
+
 OPTION_RULES: dict[str, Callable[[object], str | None]] = {
     "priority": lambda v: whole_number_problem(v, PRIORITY_MIN, PRIORITY_MAX),
     "max_attempts": lambda v: whole_number_problem(v, 1, MAX_ATTEMPTS_LIMIT),
     "payload_version": lambda v: whole_number_problem(v, 1, 32767),
-    "lease": lambda v: duration_problem(v, 1, LEASE_MAX_SECONDS),
-    "max_age": lambda v: duration_problem(v, 0, DURATION_MAX_SECONDS, low_inclusive=False),
-    "timeout": lambda v: duration_problem(v, 0, DURATION_MAX_SECONDS, low_inclusive=False),
+    "lease": _duration("lease"),
+    "max_age": _duration("max_age"),
+    "timeout": _duration("timeout"),
     "idempotency_key": lambda v: text_problem(v, KEY_MAX_LENGTH),
     "unique_key": lambda v: text_problem(v, KEY_MAX_LENGTH),
-    "unique_period": lambda v: duration_problem(v, 1, DURATION_MAX_SECONDS),
+    "unique_period": _duration("unique_period"),
     "trace_id": lambda v: text_problem(v, TRACE_MAX_LENGTH, allow_empty=True),
     "fairness_key": lambda v: text_problem(v, FAIRNESS_KEY_MAX_LENGTH),
 }
@@ -397,6 +412,7 @@ __all__ = [
     "CRON_MAX_LENGTH",
     "DAY_SECONDS",
     "DURATION_MAX_SECONDS",
+    "DURATION_SPANS",
     "FAIRNESS_KEY_MAX_LENGTH",
     "KEY_MAX_LENGTH",
     "LEASE_MAX_SECONDS",

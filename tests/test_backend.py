@@ -921,3 +921,15 @@ def test_the_timeout_option_is_stored_with_each_task_and_enforced_by_the_worker(
 def test_a_bad_timeout_option_is_refused_by_the_check() -> None:
     assert option_problems({"timeout_seconds": 0}) == [
         "OPTIONS['timeout_seconds'] must be a finite number above 0 and at most 3.1536e+08, got 0."]
+
+
+@pytest.mark.parametrize(("value", "enqueue_accepts"), [
+    (0.5, True), (0, False), (10 * 365 * 24 * 3600 + 1, False)])
+def test_the_backend_and_enqueue_hold_max_age_to_one_rule(value, enqueue_accepts) -> None:
+    from datetime import timedelta
+
+    from django_pgjobs.validation import option_problem
+
+    problems = option_problems({"max_age_seconds": value})
+    assert (problems == []) is enqueue_accepts, problems
+    assert (option_problem("max_age", timedelta(seconds=value)) is None) is enqueue_accepts

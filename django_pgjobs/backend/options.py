@@ -12,13 +12,11 @@ from django.utils.module_loading import import_string
 from ..conf import settings
 from ..exceptions import InvalidJobOption
 from ..validation import (
-    DURATION_MAX_SECONDS,
-    LEASE_MAX_SECONDS,
-    MAX_ATTEMPTS_LIMIT,
+    DURATION_SPANS,
+    OPTION_RULES,
     number_problem,
     queue_problem,
     shown,
-    whole_number_problem,
 )
 from .compat import InvalidTask
 
@@ -28,12 +26,21 @@ JOB_OPTIONS = ("max_attempts", "lease_seconds", "max_age_seconds", "timeout_seco
 # ``max_attempts`` and ``backoff`` are the names of Django's open proposal for task retries
 # (django/new-features#142): backoff(exception, task_result) returns seconds, or None to stop.
 BACKEND_OPTIONS = (*JOB_OPTIONS, "backoff", "database", "heartbeat", "queues")
+
+
+def _seconds(option: str) -> Callable[[Any], str | None]:
+    """A ``*_seconds`` key: a number, in the span of the enqueue option it sets."""
+    low, high, low_inclusive = DURATION_SPANS[option]
+    return lambda v: number_problem(v, low, high, low_inclusive=low_inclusive)
+
+
+# Each key under the rule of the enqueue option it sets (validation.OPTION_RULES).
 JOB_OPTION_RULES: dict[str, Callable[[Any], str | None]] = {
-    "max_attempts": lambda v: whole_number_problem(v, 1, MAX_ATTEMPTS_LIMIT),
-    "lease_seconds": lambda v: number_problem(v, 1, LEASE_MAX_SECONDS),
-    "max_age_seconds": lambda v: number_problem(v, 1, DURATION_MAX_SECONDS),
+    "max_attempts": OPTION_RULES["max_attempts"],
+    "lease_seconds": _seconds("lease"),
+    "max_age_seconds": _seconds("max_age"),
     # Django's task API has no timeout yet; when it gains one, it maps onto the same option.
-    "timeout_seconds": lambda v: number_problem(v, 0, DURATION_MAX_SECONDS, low_inclusive=False),
+    "timeout_seconds": _seconds("timeout"),
 }
 
 
