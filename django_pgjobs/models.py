@@ -25,11 +25,16 @@ from .status import (
 )
 from .validation import (
     CRON_MAX_LENGTH,
+    FAIRNESS_KEY_MAX_LENGTH,
+    KEY_MAX_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE_NAME_MAX_LENGTH,
+    RECEIPT_SCOPE_MAX_LENGTH,
     SCHEDULE_NAME_MAX_LENGTH,
+    TASK_NAME_MAX_LENGTH,
     TIMEZONE_MAX_LENGTH,
+    TRACE_MAX_LENGTH,
     TRACEPARENT_MAX_LENGTH,
     queue_problem,
 )
@@ -64,7 +69,7 @@ class Schedule(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=SCHEDULE_NAME_MAX_LENGTH, unique=True)
-    task = models.CharField(max_length=200)
+    task = models.CharField(max_length=TASK_NAME_MAX_LENGTH)
     cron = models.CharField(max_length=CRON_MAX_LENGTH)
     timezone = models.CharField(max_length=TIMEZONE_MAX_LENGTH, default="UTC")
     payload = models.JSONField(default=dict, blank=True)
@@ -149,7 +154,7 @@ class Schedule(models.Model):
 
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
-    task = models.CharField(max_length=200)
+    task = models.CharField(max_length=TASK_NAME_MAX_LENGTH)
     payload_version = models.PositiveSmallIntegerField(default=1)
     queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, validators=[validate_queue_name])
     payload = models.JSONField()
@@ -173,20 +178,20 @@ class Job(models.Model):
     # attempt has no row in pgjobs_attempt: its facts are the lease columns and this one, and
     # its row is written once, when it ends (transitions.settle).
     claimed_at = models.DateTimeField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    idempotency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)  # noqa: DJ001
     # Unique while active (scheduled, ready, running, retrying); with a period, unique within the
     # period that starts at unique_period_start, whatever the state.
-    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    unique_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)  # noqa: DJ001
     unique_period_start = models.DateTimeField(null=True, blank=True)
     # The handler's or the job's timeout: its worker settles it as timed out after this long.
     timeout_seconds = models.FloatField(null=True, blank=True)
-    trace_id = models.CharField(max_length=64, blank=True, default="")
+    trace_id = models.CharField(max_length=TRACE_MAX_LENGTH, blank=True, default="")
     # The W3C traceparent of the span that enqueued the job (django_pgjobs.tracing), restored
     # by the worker to link each attempt's span to it; NULL when there was none.
     traceparent = models.CharField(  # noqa: DJ001
         max_length=TRACEPARENT_MAX_LENGTH, null=True, blank=True
     )
-    fairness_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    fairness_key = models.CharField(max_length=FAIRNESS_KEY_MAX_LENGTH, null=True, blank=True)  # noqa: DJ001
     failure_class = models.CharField(
         max_length=32, blank=True, default="", choices=FailureClass.choices
     )
@@ -348,8 +353,8 @@ class Attempt(models.Model):
 
 class IdempotencyReceipt(models.Model):
     id = models.BigAutoField(primary_key=True)
-    scope = models.CharField(max_length=100)
-    key = models.CharField(max_length=255)
+    scope = models.CharField(max_length=RECEIPT_SCOPE_MAX_LENGTH)
+    key = models.CharField(max_length=KEY_MAX_LENGTH)
     # No database constraint: receipts must outlive the job that wrote them when jobs are pruned.
     job = models.ForeignKey(
         Job, on_delete=models.DO_NOTHING, db_constraint=False, null=True, blank=True,

@@ -25,6 +25,7 @@ from . import sql
 from .conf import settings
 from .exceptions import LeaseLost
 from .payloads import encode_json
+from .validation import KEY_MAX_LENGTH, RECEIPT_SCOPE_MAX_LENGTH
 
 _UNSET = object()
 
@@ -75,8 +76,9 @@ def receipt(
     returned); otherwise perform it and set ``receipt.result``. An exception in the block rolls
     back the receipt together with the block's own database writes.
     """
-    if not scope or not key or len(scope) > 100 or len(key) > 255:
-        raise ValueError("receipt scope (<= 100 chars) and key (<= 255 chars) must be non-empty")
+    if not scope or not key or len(scope) > RECEIPT_SCOPE_MAX_LENGTH or len(key) > KEY_MAX_LENGTH:
+        raise ValueError(f"receipt scope (<= {RECEIPT_SCOPE_MAX_LENGTH} chars) and key "
+                         f"(<= {KEY_MAX_LENGTH} chars) must be non-empty")
     retention = (
         settings.RECEIPT_RETENTION_SECONDS if retention_seconds is None else retention_seconds
     )

@@ -39,6 +39,7 @@ PRIORITY_MIN = -100
 PRIORITY_MAX = 100
 # What a job may carry and ask for, whoever enqueues it (enqueue, the Tasks backend, settings).
 KEY_MAX_LENGTH = 255
+RECEIPT_SCOPE_MAX_LENGTH = 100
 TRACE_MAX_LENGTH = 64
 # A W3C traceparent is 55 characters in version 00; later versions may append fields.
 TRACEPARENT_MAX_LENGTH = 128
@@ -425,6 +426,7 @@ __all__ = [
     "QUEUE_NAME",
     "QUEUE_NAME_MAX_LENGTH",
     "QUEUE_NAME_RULE",
+    "RECEIPT_SCOPE_MAX_LENGTH",
     "SCHEDULE_NAME_MAX_LENGTH",
     "SETTING_RULES",
     "TASK_NAME",
