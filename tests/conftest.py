@@ -6,9 +6,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection, connections
@@ -105,3 +107,41 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
             said = f": {what()}" if what is not None else ""
             raise AssertionError(f"condition not met within {timeout}s{said}")
         time.sleep(interval)
+
+
+def run_in_thread(worker: Any) -> threading.Thread:
+    """Run ``worker`` (a Worker in this process) in a daemon thread, started."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, depth first."""
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes += plan_nodes(child)
+    return nodes
+
+
+def make_user(username: str, *codenames: str, superuser: bool = False) -> Any:
+    """A staff user with these permissions of the pgjobs app."""
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user(username, password="pw", is_staff=True,
+                                    is_superuser=superuser)
+    if codenames:
+        user.user_permissions.set(
+            Permission.objects.filter(content_type__app_label="pgjobs", codename__in=codenames)
+        )
+    return user
+
+
+@pytest.fixture
+def login(client: Any) -> Callable[..., Any]:
+    """Log the test client in as a new staff user: ``login("view_job", superuser=False)``."""
+    def log_in(*codenames: str, superuser: bool = False, username: str = "op") -> Any:
+        client.force_login(make_user(username, *codenames, superuser=superuser))
+        return client
+
+    return log_in

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.admin.templatetags.admin_list import result_headers
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
@@ -30,6 +28,7 @@ from django_pgjobs.outcomes import Outcome
 from django_pgjobs.redaction import REDACTED
 from django_pgjobs.status import AttemptOutcome, JobStatus, TerminalReason
 from django_pgjobs.transitions import claim_jobs, pause_queue, settle
+from tests.conftest import make_user
 from tests.factories import AttemptFactory, JobFactory, ReceiptFactory
 
 pytestmark = pytest.mark.django_db
@@ -46,25 +45,6 @@ def charge(ctx: Any, payload: Any) -> None:
 
 def secret_payload() -> dict[str, Any]:
     return {"order": 7, "card_number": SECRET_CARD, "customer": {"email": SECRET_EMAIL}}
-
-
-def make_user(username: str, *codenames: str, superuser: bool = False) -> User:
-    user = User.objects.create_user(username, password="pw", is_staff=True,
-                                    is_superuser=superuser)
-    if codenames:
-        user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="pgjobs", codename__in=codenames)
-        )
-    return user
-
-
-@pytest.fixture
-def login(client: Client) -> Callable[..., Client]:
-    def log_in(*codenames: str, superuser: bool = False, username: str = "op") -> Client:
-        client.force_login(make_user(username, *codenames, superuser=superuser))
-        return client
-
-    return log_in
 
 
 def action_choices(client: Client) -> set[str]:

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
@@ -37,19 +36,6 @@ def receipt(ctx: Any, payload: Any) -> None:
 @job("tests.admin.digest")
 def digest(ctx: Any, payload: Any) -> None:
     """A scheduled handler that hides nothing."""
-
-
-@pytest.fixture
-def login(client: Client):
-    def log_in(*codenames: str, superuser: bool = False, username: str = "op") -> Client:
-        user = User.objects.create_user(username, password="pw", is_staff=True,
-                                        is_superuser=superuser)
-        user.user_permissions.set(Permission.objects.filter(
-            content_type__app_label="pgjobs", codename__in=codenames))
-        client.force_login(user)
-        return client
-
-    return log_in
 
 
 def choices(client: Client) -> set[str]:

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from io import StringIO
-from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -25,6 +24,7 @@ from django_pgjobs.explain import HOT_QUERIES, explain
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.transitions import REPORT_FIELDS, claim_jobs
+from tests.conftest import plan_nodes
 from tests.history import build_history, clear_history
 
 pytestmark = pytest.mark.django_db
@@ -50,13 +50,6 @@ def explain_failure(*args: str) -> tuple[str, str]:
 
 def node_types(report) -> list[str]:
     return [node["Node Type"] for node in report.nodes()]
-
-
-def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    nodes = [plan]
-    for child in plan.get("Plans", []):
-        nodes += plan_nodes(child)
-    return nodes
 
 
 def scanned(report) -> set[str]:

@@ -14,7 +14,7 @@ from django_pgjobs.models import Job
 from django_pgjobs.notify import Listener
 from django_pgjobs.status import JobStatus
 from django_pgjobs.worker import Worker
-from tests.conftest import wait_for
+from tests.conftest import run_in_thread, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -118,12 +118,6 @@ def test_the_listener_reconnects_after_losing_its_connection(
     after = wakes.count
     django_pgjobs.enqueue("tests.ok", {"n": 1})
     assert wakes.wait_beyond(after, 10)
-
-
-def run_in_thread(worker: Worker) -> threading.Thread:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_an_idle_worker_takes_a_new_job_on_notify_long_before_its_next_poll() -> None:

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_pgjobs import sql, stats
 from django_pgjobs.status import AttemptOutcome, JobStatus
 from django_pgjobs.transitions import database_now
+from tests.conftest import plan_nodes
 from tests.factories import AttemptFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -244,13 +245,6 @@ STATS_QUERIES: dict[str, list[Any] | dict[str, Any]] = {
     "stats_failures": [86400],
     "stats_throughput": [60, 60],
 }
-
-
-def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    nodes = [plan]
-    for child in plan.get("Plans", []):
-        nodes += plan_nodes(child)
-    return nodes
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from django_pgjobs.worker.core import ABANDONED_THREADS_PER_EXECUTOR
 from django_pgjobs.worker.isolation import ChildProcess
 from testproject.demo.models import LedgerEntry
 from tests import handlers
-from tests.conftest import wait_for
+from tests.conftest import run_in_thread, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,12 +32,6 @@ def _reset_handlers():
     handlers.gate.clear()
     yield
     handlers.gate.set()
-
-
-def run_in_thread(worker: Worker) -> threading.Thread:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return thread
 
 
 def statuses() -> dict[int, str]:
