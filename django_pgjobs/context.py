@@ -87,14 +87,19 @@ class JobContext:
         ``LeaseLost`` once this worker no longer owns the job: in each case, stop.
         """
         if not self._lease_lost:
-            extended = extend_leases([(self.job.id, self.job.lease_token)], using=self.using)
-            self.heartbeat_answered(self.job.id in extended, extended.get(self.job.id, False))
+            self.renew_lease()
         if self._timed_out:
             raise TimedOut(f"job {self.job.id}: timed out after {self.job.timeout_seconds:g}s")
         if self._cancelled:
             raise Cancelled(f"job {self.job.id}: cancelled by an operator")
         if self._lease_lost:
             raise LeaseLost(f"job {self.job.id}: lease lost")
+
+    def renew_lease(self) -> None:
+        """Extend the lease now (fenced) and record the answer; raise nothing (the worker's
+        renewal; a handler calls ``heartbeat``)."""
+        extended = extend_leases([(self.job.id, self.job.lease_token)], using=self.using)
+        self.heartbeat_answered(self.job.id in extended, extended.get(self.job.id, False))
 
     async def aheartbeat(self) -> None:
         """``heartbeat`` for an async handler (the database call runs off the event loop)."""

@@ -178,10 +178,14 @@ class Job(models.Model):
     # attempt has no row in pgjobs_attempt: its facts are the lease columns and this one, and
     # its row is written once, when it ends (transitions.settle).
     claimed_at = models.DateTimeField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)  # noqa: DJ001
+    idempotency_key = models.CharField(  # noqa: DJ001
+        max_length=KEY_MAX_LENGTH, null=True, blank=True
+    )
     # Unique while active (scheduled, ready, running, retrying); with a period, unique within the
     # period that starts at unique_period_start, whatever the state.
-    unique_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)  # noqa: DJ001
+    unique_key = models.CharField(  # noqa: DJ001
+        max_length=KEY_MAX_LENGTH, null=True, blank=True
+    )
     unique_period_start = models.DateTimeField(null=True, blank=True)
     # The handler's or the job's timeout: its worker settles it as timed out after this long.
     timeout_seconds = models.FloatField(null=True, blank=True)
@@ -191,7 +195,9 @@ class Job(models.Model):
     traceparent = models.CharField(  # noqa: DJ001
         max_length=TRACEPARENT_MAX_LENGTH, null=True, blank=True
     )
-    fairness_key = models.CharField(max_length=FAIRNESS_KEY_MAX_LENGTH, null=True, blank=True)  # noqa: DJ001
+    fairness_key = models.CharField(  # noqa: DJ001
+        max_length=FAIRNESS_KEY_MAX_LENGTH, null=True, blank=True
+    )
     failure_class = models.CharField(
         max_length=32, blank=True, default="", choices=FailureClass.choices
     )

@@ -11,7 +11,7 @@ from .conf import settings
 from .exceptions import InvalidJobOption
 from .redaction import Redactor, compile_path
 from .ticks import Schedule
-from .validation import option_problem, queue_problem, task_name_problem
+from .validation import OPTION_RULES, queue_problem, task_name_problem
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -55,12 +55,14 @@ class Handler:
             raise InvalidJobOption(f"task name {problem}")
         # The handler's defaults obey the rules every enqueue checks (validation.OPTION_RULES):
         # a default no enqueue would accept fails here, at import.
-        for option, value in (("payload_version", version), ("priority", priority),
-                              ("max_attempts", max_attempts), ("max_age", max_age),
-                              ("lease", lease), ("timeout", timeout)):
-            problem = None if value is None else option_problem(option, value)
+        for declared, option, value in (
+            ("version", "payload_version", version), ("priority", "priority", priority),
+            ("max_attempts", "max_attempts", max_attempts), ("max_age", "max_age", max_age),
+            ("lease", "lease", lease), ("timeout", "timeout", timeout),
+        ):
+            problem = None if value is None else OPTION_RULES[option](value)
             if problem is not None:
-                raise InvalidJobOption(f"task {name!r}: {_declared(problem)}")
+                raise InvalidJobOption(f"task {name!r}: {declared} {problem}")
         if queue is not None:
             problem = queue_problem(queue)
             if problem is not None:
@@ -133,12 +135,6 @@ class Handler:
     def enqueue(self, payload: Any, **options: Any) -> Job:
         """Enqueue a job for this handler in the caller's transaction."""
         return registry.enqueuer(self, payload, **options)
-
-
-def _declared(problem: str) -> str:
-    """An enqueue option's problem, named as ``@job`` names the option."""
-    return "version" + problem.removeprefix("payload_version") if problem.startswith(
-        "payload_version") else problem
 
 
 def _declared_schedules(

@@ -646,4 +646,3 @@ __all__ = [
     "sync_declared",
     "upcoming_ticks",
 ]
-

@@ -23,10 +23,10 @@ new job, which enqueue runs in its caller's transaction (``sql/enqueue.sql``). T
 A schedule's jobs enter through enqueue like any other (``schedules`` builds them); operators'
 actions on schedules are audited here too (``audit_schedule_action``).
 
-Every transition
-is one guarded statement (or one short transaction) whose WHERE clause says which state, and for
-a running job which lease token, it applies to; each returns what it changed, and the caller
-decides what a zero means. Times that decide ownership come from the database clock.
+Every transition is one guarded statement (or one short transaction) whose WHERE clause says
+which state, and for a running job which lease token, it applies to; each returns what it
+changed, and the caller decides what a zero means. Times that decide ownership come from the
+database clock.
 """
 
 from __future__ import annotations

@@ -225,9 +225,6 @@ def _span(low: float, high: float, low_inclusive: bool) -> str:
     return f"from {low:g} to {high:g}" if low_inclusive else f"above {low:g} and at most {high:g}"
 
 
-# The rule of each job option, written once: enqueue checks the options of every job by it,
-# and @job checks a handler's defaults by it when the handler is declared, so a default that no
-# enqueue would accept fails at import, not on every enqueue.
 # The durations' spans in seconds (low, high, whether low itself is allowed), which the
 # django.tasks backend's ``*_seconds`` OPTIONS take too.
 DURATION_SPANS: dict[str, tuple[float, float, bool]] = {
@@ -243,6 +240,9 @@ def _duration(option: str) -> Callable[[object], str | None]:
     return lambda v: duration_problem(v, low, high, low_inclusive=low_inclusive)
 
 
+# The rule of each job option, written once: enqueue checks the options of every job by it,
+# and @job checks a handler's defaults by it when the handler is declared, so a default that no
+# enqueue would accept fails at import, not on every enqueue.
 OPTION_RULES: dict[str, Callable[[object], str | None]] = {
     "priority": lambda v: whole_number_problem(v, PRIORITY_MIN, PRIORITY_MAX),
     "max_attempts": lambda v: whole_number_problem(v, 1, MAX_ATTEMPTS_LIMIT),

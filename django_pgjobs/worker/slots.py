@@ -27,7 +27,7 @@ from ..context import JobContext
 from ..executor import execute
 from ..outcomes import Outcome
 from ..registry import Handler, registry
-from ..transitions import cancel_requested, extend_leases
+from ..transitions import cancel_requested
 from .aio import AsyncRunner
 from .connections import database_reachable, reset_connection
 from .isolation import ChildProcess
@@ -170,8 +170,7 @@ class BatchRunner:
             # a thread's handler has, and its timeout still comes before the lease's end. A
             # child already up starts at once and needs no round trip.
             if job.lease_left_seconds() < job.lease_seconds * 2 / 3:
-                extended = extend_leases([(job.id, job.lease_token)], using=self.using)
-                ctx.heartbeat_answered(job.id in extended, extended.get(job.id, False))
+                ctx.renew_lease()
             running.start()
 
         try:
