@@ -7,7 +7,9 @@ These are measurements for whoever changes the library, not alternatives to ship
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from typing import Any
 
 
@@ -19,36 +21,21 @@ def transaction_not_carried(connection: Any, raw: Any) -> bool:
     return False
 
 
-def claim_statement_without_pause(
-    using: str, limit: int
-) -> tuple[str, list[Any], tuple[int, ...]]:
+@functools.cache
+def claim_statement_without_pause(limit: int) -> Any:
     """The claim's statement as it was before paused queues: no probe of ``pgjobs_queue``.
 
     Drained next to the code as it is, it prices the pause check the claim carries.
     """
-    from django_pgjobs import sql, transitions
-    from django_pgjobs.models import Job
-    from django_pgjobs.status import JobStatus
+    from django_pgjobs import prepared, sql
 
-    key = (using, limit)
-    cached = _unpaused_claim_cache.get(key)
-    if cached is None:
-        candidates = (
-            Job.objects.using(using)
-            .select_for_update(skip_locked=True)
-            .filter(status=JobStatus.READY, queue=transitions._QUEUE_SENTINEL)
-            .order_by("-priority", "run_at", "id")
-            .values("id")[:limit]
-        )
-        candidates_sql, params = candidates.query.get_compiler(using=using).as_sql()
-        text = sql.query("claim_jobs").replace("{candidates}", candidates_sql)
-        queue_at = tuple(i for i, p in enumerate(params) if p == transitions._QUEUE_SENTINEL)
-        cached = (text, list(params), queue_at)
-        _unpaused_claim_cache[key] = cached
-    return cached
-
-
-_unpaused_claim_cache: dict[tuple[str, int], tuple[str, list[Any], tuple[int, ...]]] = {}
+    text = sql.query("claim_jobs").replace("{limit}", str(limit))
+    pause = re.compile(r"NOT EXISTS\(SELECT 1 AS \"a\" FROM \"pgjobs_queue\".*?LIMIT 1\)\s*AND ",
+                       re.DOTALL)
+    unpaused, found = pause.subn("", text)
+    if found != 1:
+        raise RuntimeError("experiment claim_without_pause: the claim's pause check moved")
+    return prepared.Statement(f"claimnopause{limit}", unpaused, same_values=True)
 
 
 # Each experiment is the patches it applies: (module, attribute, replacement).
@@ -57,7 +44,7 @@ EXPERIMENTS = {
         ("django_pgjobs.prepared", "_carries_its_transaction", transaction_not_carried),
     ),
     "claim_without_pause": (
-        ("django_pgjobs.transitions", "_claim_statement", claim_statement_without_pause),
+        ("django_pgjobs.transitions", "claim_statement", claim_statement_without_pause),
     ),
 }
 

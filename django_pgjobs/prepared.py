@@ -31,7 +31,7 @@ import logging
 import re
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,21 +51,25 @@ REPLAN_SECONDS = 10.0
 _LOST_SESSION_LIMIT = 3
 _LOST_SESSION_CODES = frozenset({"26000", "42P05"})  # invalid_sql_statement_name, duplicate
 
-_PLACEHOLDER = re.compile(r"%[s%]")
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%[s%]")
 
 
 class Statement:
-    """A statement with ``%s`` placeholders, and the name it is prepared under.
+    """A statement with ``%s`` or ``%(name)s`` placeholders, and the name it is prepared under.
 
     The name carries a digest of the text: two versions of the library never share a name, and
-    a name in ``pg_prepared_statements`` always means this text.
+    a name in ``pg_prepared_statements`` always means this text. A statement's values are a
+    sequence for ``%s`` and a mapping for ``%(name)s`` (a name may stand in several places:
+    prepared, it is one parameter).
     """
 
     def __init__(self, key: str, text: str, *, same_values: bool = False) -> None:
-        numbered, arity = _numbered(text)
+        numbered, self.names, positional = _numbered(text)
         self.text = text
+        # The same statement with ``%s`` in every place, to be sent in one message with others.
+        self.positional = positional
         self.name = f"pgjobs_{key}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-        self.arity = arity
+        self.arity = arity = len(self.names) if self.names else positional.count("%s")
         self.prepare = f"PREPARE {self.name} AS {numbered}"
         self.execute = (f"EXECUTE {self.name}({', '.join(['%s'] * arity)})" if arity
                         else f"EXECUTE {self.name}")
@@ -76,20 +80,47 @@ class Statement:
         self.same_values = same_values
         # The names of its result's columns, read from its first result.
         self.columns: list[str] | None = None
+        # Where a named statement's ``%s`` stand in ``positional``: the name of each.
+        self._places = _PLACEHOLDER.findall(text) if self.names else []
+
+    def arguments(self, values: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any]:
+        """The values of the prepared statement's parameters, ``$1`` first."""
+        if isinstance(values, Mapping):
+            return [values[name] for name in self.names]
+        return values
+
+    def in_place(self, values: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any]:
+        """The values of ``positional``'s ``%s``, in order."""
+        if isinstance(values, Mapping):
+            return [values[name] for name in self._places if name]
+        return values
 
 
-def _numbered(text: str) -> tuple[str, int]:
-    """``text`` with its ``%s`` numbered ``$1, $2, ...`` (``%%`` stays: psycopg unescapes it)."""
+def _numbered(text: str) -> tuple[str, list[str], str]:
+    """``text`` with its placeholders numbered ``$1, $2, ...`` (``%%`` stays: psycopg unescapes
+    it), the parameters' names in that order (none for ``%s``), and ``text`` with ``%s`` only."""
+    names: list[str] = []
     count = 0
 
     def number(match: re.Match[str]) -> str:
         nonlocal count
+        name = match.group(1)
+        if name is not None:
+            if name not in names:
+                names.append(name)
+            return f"${names.index(name) + 1}"
         if match.group() == "%%":
             return "%%"
         count += 1
         return f"${count}"
 
-    return _PLACEHOLDER.sub(number, text), count
+    def positional(match: re.Match[str]) -> str:
+        return "%s" if match.group(1) is not None else match.group()
+
+    numbered = _PLACEHOLDER.sub(number, text)
+    if names and count:
+        raise ValueError("a statement takes %s or %(name)s placeholders, not both")
+    return numbered, names, _PLACEHOLDER.sub(positional, text)
 
 
 @dataclass
@@ -124,7 +155,7 @@ def enabled(using: str) -> bool:
 
 
 def run(
-    using: str, statements: Sequence[tuple[Statement, Sequence[Any]]], *,
+    using: str, statements: Sequence[tuple[Statement, Sequence[Any] | Mapping[str, Any]]], *,
     whole_block: bool = False,
 ) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
     """Run ``statements`` in order, in one message where the connection allows.
@@ -140,15 +171,16 @@ def run(
             # Server-side binding: one statement per message, each in full.
             results = []
             for statement, params in statements:
-                cursor.execute(statement.text, params)
+                cursor.execute(statement.positional, statement.in_place(params))
                 results += _results(connection, cursor.cursor, [(statement, params)])
             return results
         session = _session(connection, cursor) if enabled(using) else None
         # Asked after _session, which may have read the session's statements in the block.
         carried = whole_block and _carries_its_transaction(connection, cursor.cursor)
         if session is None:
-            texts = [statement.text for statement, _ in statements]
-            values = [value for _, params in statements for value in params]
+            texts = [statement.positional for statement, _ in statements]
+            values = [value for statement, params in statements
+                      for value in statement.in_place(params)]
             with _transaction_carried(cursor.cursor, carried):
                 cursor.execute(";\n".join(_carry(texts, carried)), values)
                 return _results(connection, cursor.cursor, statements)
@@ -164,7 +196,7 @@ def run(
                     texts.append(f"DEALLOCATE {statement.name}")
                 texts.append(statement.prepare_sent)
                 planned.append(statement.name)
-            texts.append(_bound(session, raw, conforming, statement, params))
+            texts.append(_bound(session, raw, conforming, statement, statement.arguments(params)))
         try:
             # Every value is a literal in the text already: psycopg has nothing to merge, which
             # was a fifth of a worker's Python.

@@ -37,11 +37,12 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from operator import attrgetter
 from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import Exists, F
+from django.db.models import Exists, F, QuerySet
 from django.db.models.functions import Now
 
 from . import prepared, sql
@@ -64,11 +65,6 @@ from .validation import queue_problem
 
 # --- 1. the claim ------------------------------------------------------------------------------
 
-# The candidates' queue is a parameter of the compiled ORM query; compiling with this value
-# finds its position once, so the text can be reused with any queue.
-_QUEUE_SENTINEL = "\x00pgjobs-queue\x00"
-
-
 def claim_jobs(
     worker_id: str, queue: str, limit: int, *, using: str = DEFAULT_DB_ALIAS
 ) -> list[ClaimedJob]:
@@ -77,8 +73,9 @@ def claim_jobs(
     A paused queue gives nothing: the statement reads the queue's pause in the same snapshot.
     """
     with transaction.atomic(using=using):
-        [(columns, rows)] = prepared.run(using, [_claim_call(worker_id, queue, limit, using)],
-                                         whole_block=True)
+        [(columns, rows)] = prepared.run(
+            using, [(claim_statement(limit), {"queue": queue, "worker_id": worker_id})],
+            whole_block=True)
     return claimed_jobs(columns, rows)
 
 
@@ -98,26 +95,44 @@ def settle_and_claim(
     reports = _reports(outcomes)
     with transaction.atomic(using=using):
         (_, settled), (columns, rows) = prepared.run(using, [
-            (_SETTLE, [reports]), _claim_call(worker_id, queue, limit, using)], whole_block=True)
+            (_SETTLE, [reports]),
+            (claim_statement(limit), {"queue": queue, "worker_id": worker_id}),
+        ], whole_block=True)
     return _applied(outcomes, settled), claimed_jobs(columns, rows)
 
 
-def _claim_call(
-    worker_id: str, queue: str, limit: int, using: str
-) -> tuple[prepared.Statement, list[Any]]:
-    """The claim as a statement whose only parameters are the queue and the worker.
+@cache
+def claim_statement(limit: int) -> prepared.Statement:
+    """The claim of a batch of ``limit``: the ``claim_jobs`` block of ``sql/jobs.sql``, whole.
 
-    Its other values (the ``status = 'ready'`` the partial index is defined by) are written
-    into its text, so that a prepared statement's generic plan can still use that index.
+    Its parameters are ``queue`` and ``worker_id``; the batch size is written into its text (a
+    generic plan would guess at a bound LIMIT), so each size is a statement of its own.
     """
-    cached = _claim_prepared.get((using, limit))
-    if cached is None:
-        text = claim_statement(limit, using=using)
-        cached = (prepared.Statement(f"claim{limit}", text, same_values=True),
-                  text.count("%s") - 1)
-        _claim_prepared[(using, limit)] = cached
-    statement, queues = cached
-    return statement, [*[queue] * queues, worker_id]
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError(f"a claim's batch size is a whole number of at least 1, not {limit!r}")
+    text = sql.query("claim_jobs").replace("{limit}", str(limit))
+    return prepared.Statement(f"claim{limit}", text, same_values=True)
+
+
+def claim_candidates(
+    queue: str, limit: int, *, using: str = DEFAULT_DB_ALIAS
+) -> QuerySet[Job, Any]:
+    """The claim's candidates as the ORM says them; the claim's text is this query, compiled.
+
+    ``select_for_update(skip_locked=True)``: each candidate is locked, and one another
+    transaction holds is skipped, not waited for. Django compiles it only inside
+    ``transaction.atomic()``, as the claim runs. The claim's statement writes this query out
+    (``sql/jobs.sql``) so that it reads whole and is prepared as it is; a test compiles this
+    query on each supported Django and proves that text equal to it.
+    """
+    paused = QueueState.objects.using(using).filter(name=queue, paused=True)
+    return (
+        Job.objects.using(using)
+        .select_for_update(skip_locked=True)
+        .filter(~Exists(paused), status=JobStatus.READY, queue=queue)
+        .order_by("-priority", "run_at", "id")
+        .values("id")[:limit]
+    )
 
 
 def prepare_worker_statements(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> bool:
@@ -128,54 +143,8 @@ def prepare_worker_statements(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> b
     """
     if not prepared.enabled(using):
         return False
-    with transaction.atomic(using=using):
-        claim, _ = _claim_call("", "", limit, using)
-    prepared.prepare(using, [claim, _SETTLE])
+    prepared.prepare(using, [claim_statement(limit), _SETTLE])
     return True
-
-
-# Per (database, limit): the claim and how many of its parameters name the queue.
-_claim_prepared: dict[tuple[str, int], tuple[prepared.Statement, int]] = {}
-
-
-def claim_statement(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> str:
-    """The claim's whole text as it is sent, candidates included (for EXPLAIN and the docs).
-
-    ``%s`` stand where the queue name (twice: the candidates, the pause) and the worker id go.
-    """
-    with transaction.atomic(using=using):
-        text, params, queue_at = _claim_statement(using, limit)
-    # PostgreSQL's operations quote a value the way psycopg sends it client-side.
-    compose = connections[using].ops.compose_sql  # type: ignore[attr-defined]
-    literals = [compose("%s", [p]) if i not in queue_at else "%s" for i, p in enumerate(params)]
-    return text % (*literals, "%s")
-
-
-def _claim_statement(using: str, limit: int) -> tuple[str, list[Any], tuple[int, ...]]:
-    # Django refuses to compile select_for_update outside a transaction, so this runs inside
-    # the claim's own; it is compiled once per (database, limit) and the text reused.
-    cached = _claim_sql_cache.get((using, limit))
-    if cached is None:
-        paused = QueueState.objects.using(using).filter(name=_QUEUE_SENTINEL, paused=True)
-        candidates = (
-            Job.objects.using(using)
-            .select_for_update(skip_locked=True)
-            # The pause is one probe of pgjobs_queue by primary key, evaluated once per claim
-            # (not per row): its queue is the same parameter as the candidates'.
-            .filter(~Exists(paused), status=JobStatus.READY, queue=_QUEUE_SENTINEL)
-            .order_by("-priority", "run_at", "id")
-            .values("id")[:limit]
-        )
-        candidates_sql, candidates_params = candidates.query.get_compiler(using=using).as_sql()
-        text = sql.query("claim_jobs").replace("{candidates}", candidates_sql)
-        params = list(candidates_params)
-        queue_at = tuple(i for i, p in enumerate(params) if p == _QUEUE_SENTINEL)
-        cached = (text, params, queue_at)
-        _claim_sql_cache[(using, limit)] = cached
-    return cached
-
-
-_claim_sql_cache: dict[tuple[str, int], tuple[str, list[Any], tuple[int, ...]]] = {}
 
 
 # --- 2. heartbeats --------------------------------------------------------------------------------
@@ -707,6 +676,7 @@ __all__ = [
     "audit_schedule_action",
     "cancel_jobs",
     "cancel_requested",
+    "claim_candidates",
     "claim_jobs",
     "claim_statement",
     "counts_by_state",

@@ -151,8 +151,9 @@ def test_the_history_is_as_large_as_the_plans_claim(history: None) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("prepare", "queue_cond"), [
-    # Prepared, the plan is the generic one: the queue is a parameter, status = 'ready' is not.
-    (None, "((queue)::text = $2)"),
+    # Prepared, the plan is the generic one: the queue is its first parameter (the pause check
+    # and the candidates take the same one), status = 'ready' is written in.
+    (None, "((queue)::text = $1)"),
     (False, "((queue)::text = 'q3'::text)"),
 ])
 def test_the_claim_reads_its_batch_through_the_claim_index_and_nothing_else(

@@ -73,6 +73,29 @@ def test_several_statements_go_in_one_message_and_answer_in_order() -> None:
         f"EXECUTE {DIVIDE.name}(5);\nEXECUTE {ADD_ONE.name}(2)")
 
 
+NAMED = Statement("test_named", "SELECT %(a)s::int * 10 + %(b)s::int AS n, %(a)s::int AS a")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_named_value_is_one_parameter_wherever_it_stands(enabled: bool) -> None:
+    assert (NAMED.names, NAMED.arity) == (["a", "b"], 2)
+    assert NAMED.prepare == f"PREPARE {NAMED.name} AS SELECT $1::int * 10 + $2::int AS n, " \
+                            "$1::int AS a"
+    with override_settings(PGJOBS_PREPARED_STATEMENTS=enabled), \
+            CaptureQueriesContext(connection) as queries:
+        # Beside a positional statement, in one message.
+        results = prepared.run("default", [(ADD_ONE, [1]), (NAMED, {"b": 2, "a": 4})])
+    assert results == [(["n", "share"], [(2, "100%")]), (["n", "a"], [(42, 4)])]
+    [message] = sent(queries)
+    assert message.endswith(f"EXECUTE {NAMED.name}(4, 2)" if enabled else
+                            "SELECT 4::int * 10 + 2::int AS n, 4::int AS a")
+
+
+def test_a_statement_takes_one_kind_of_placeholder() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        Statement("test_mixed", "SELECT %s::int + %(a)s::int")
+
+
 def test_a_statement_is_planned_again_once_its_plan_is_old(monkeypatch) -> None:
     prepared.run("default", [(ADD_ONE, [1])])
     monkeypatch.setattr(prepared, "REPLAN_SECONDS", 0.0)

@@ -1,8 +1,9 @@
 """Named SQL statements for what the ORM cannot say.
 
 Each ``*.sql`` file in this folder holds blocks that start with a ``-- name: <name>`` line.
-Parameters are always bound (``%s``); the only text ever spliced in is a query the ORM compiled
-(the ``{candidates}`` marker) or another block of these files (``{rows}``), never a value.
+Parameters are always bound (``%s`` or ``%(name)s``); the only text ever spliced in is a whole
+number the code chose (the claim's ``{limit}``) or another block of these files (``{rows}``),
+never a value.
 """
 
 from __future__ import annotations

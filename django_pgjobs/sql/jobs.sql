@@ -4,21 +4,36 @@
 -- job in its caller's transaction, which enqueuing.py runs.
 
 -- name: claim_jobs
--- The candidates CTE is the ORM's select_for_update(skip_locked=True) query over the claim index.
--- Kept in its own CTE it is an optimisation fence: the planner cannot fold it into the UPDATE
--- and lock more rows than its LIMIT. Lease expiry comes from the database clock as of this
--- statement, not of the transaction's BEGIN one round trip earlier. claimed_at is the clock as
--- the row is taken (clock_timestamp()): a statement's time is read before the statement finds
--- the row, and could precede the finished_at of the settlement that released it. The attempt
--- gets no row of its own until it ends: while it runs, the job's lease columns and claimed_at
--- are its record.
+-- The claim, whole: up to a batch of ready jobs of one queue, for one worker (the LIMIT is the
+-- batch size, written in per size; the queue and the worker's id are its two parameters).
+-- The candidates are the ORM's Job.objects.select_for_update(skip_locked=True) query of
+-- transitions.claim_candidates, written out as Django compiles it (a test compiles that query in
+-- the claim's transaction.atomic() on each supported Django and proves this text equal). They
+-- read the claim index in its own order, skip rows another claim holds, and probe the queue's
+-- pause once per claim, not per row (an InitPlan of one primary-key read): a paused queue's
+-- claim reads no index entry. 'ready' is written in, not bound, so a prepared statement's generic
+-- plan can still use the partial index it defines.
+-- Kept in their own CTE the candidates are an optimisation fence: the planner cannot fold them
+-- into the UPDATE and lock more rows than their LIMIT. Lease expiry comes from the database clock
+-- as of this statement, not of the transaction's BEGIN. claimed_at is the clock as the row is
+-- taken (clock_timestamp()): a statement's time is read before the statement finds the row, and
+-- could precede the finished_at of the settlement that released it. The attempt gets no row of
+-- its own until it ends: while it runs, the job's lease columns and claimed_at are its record.
 WITH candidates AS (
-    {candidates}
+    SELECT "pgjobs_job"."id" AS "id"
+    FROM "pgjobs_job"
+    WHERE (NOT EXISTS(SELECT 1 AS "a" FROM "pgjobs_queue" U0
+                      WHERE (U0."name" = %(queue)s AND U0."paused") LIMIT 1)
+           AND "pgjobs_job"."queue" = %(queue)s
+           AND "pgjobs_job"."status" = 'ready')
+    ORDER BY "pgjobs_job"."priority" DESC, "pgjobs_job"."run_at" ASC, 1 ASC
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE pgjobs_job AS j
     SET status = 'running',
         attempts = j.attempts + 1,
-        lease_owner = %s,
+        lease_owner = %(worker_id)s,
         lease_token = gen_random_uuid(),
         lease_expires_at = statement_timestamp() + make_interval(secs => j.lease_seconds),
         heartbeat_at = statement_timestamp(),

@@ -45,15 +45,15 @@ class Command(BaseCommand):
                                  f"counts as a problem (default {DEFAULT_MAX_ROWS_FACTOR:g})")
         parser.add_argument("--database", default="default", help="database alias")
         parser.add_argument("--show-sql", action="store_true",
-                            help="print the claim's whole statement as it is sent first (%%s "
-                                 "stand for the queue and the worker id)")
+                            help="print the claim's whole statement as it is sent first "
+                                 "(%%(queue)s and %%(worker_id)s stand for its two values)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = options["database"]
         if using not in connections:
             raise CommandError(f"unknown database alias {using!r}")
         if options["show_sql"]:
-            self.stdout.write(claim_statement(options["batch_size"], using=using))
+            self.stdout.write(claim_statement(options["batch_size"]).text)
             self.stdout.write("")
         chosen = options["queries"] or ["claim"]
         names = list(HOT_QUERIES) if "all" in chosen else list(dict.fromkeys(chosen))
