@@ -217,6 +217,11 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
 
+    # Not a column: on a job ``enqueue`` returned, whether that call inserted it (True) or found
+    # it already there (False: its idempotency key, unique key or schedule tick was taken).
+    # None on a job read any other way.
+    created: bool | None = None
+
     class Meta:
         db_table = "pgjobs_job"
         indexes = [

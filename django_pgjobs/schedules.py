@@ -408,7 +408,7 @@ def _enqueueable(schedule: _Due) -> bool:
 
 def _log_pass(due: Sequence[_Due], updates: Sequence[dict[str, Any]], jobs: Sequence[Job]) -> None:
     by_id = {schedule.id: schedule for schedule in due}
-    created = {job.scheduled_at for job in jobs if getattr(job, "created", True)}
+    created = {job.scheduled_at for job in jobs if job.created}
     for update in updates:
         schedule = by_id[update["id"]]
         if update["missed"]:

@@ -159,7 +159,7 @@ class Sending:
             return
         for span, job in zip(self._spans, jobs, strict=True):
             span.set_attribute(MESSAGE_ID, str(job.pk))
-            if getattr(job, "created", True) is False:
+            if job.created is False:
                 span.set_attribute(DEDUPLICATED, True)
 
 

@@ -674,7 +674,7 @@ def test_a_transition_called_from_code_is_audited_without_a_user() -> None:
 
 
 def test_replay_refuses_a_job_that_is_not_finished() -> None:
-    from django_pgjobs.transitions import KEEP_KEY, replay_job
+    from django_pgjobs.enqueuing import KEEP_KEY, replay_job
 
     running = JobFactory(running=True, idempotency_key="k")
     with pytest.raises(ValueError, match="is not finished"):
@@ -684,7 +684,7 @@ def test_replay_refuses_a_job_that_is_not_finished() -> None:
 
 
 def test_keeping_the_key_of_an_unkeyed_job_replays_it_without_one() -> None:
-    from django_pgjobs.transitions import KEEP_KEY, replay_job
+    from django_pgjobs.enqueuing import KEEP_KEY, replay_job
 
     original = JobFactory(dead=True)
     replay = replay_job(original, idempotency_key=KEEP_KEY)

@@ -21,8 +21,9 @@ from django_pgjobs import (
     UnknownTask,
     payloads,
 )
-from django_pgjobs.enqueuing import ROW_COLUMNS, JobSpec, Tick, validate
+from django_pgjobs.enqueuing import JobSpec, Tick, validate
 from django_pgjobs.models import Job
+from django_pgjobs.rows import ROW_COLUMNS
 from django_pgjobs.sql import query
 from django_pgjobs.status import JobStatus
 from django_pgjobs.transitions import claim_jobs
@@ -59,7 +60,7 @@ def test_enqueue_returns_a_saved_job_with_database_times() -> None:
     before = timezone.now()
     job = django_pgjobs.enqueue("tests.ok", {"a": 1}, priority=5, trace_id="req-1")
     stored = Job.objects.get(pk=job.pk)
-    assert job.created is True  # type: ignore[attr-defined]
+    assert job.created is True
     assert stored.status == JobStatus.READY == job.status
     assert stored.priority == stored.base_priority == 5
     assert stored.payload == {"a": 1}
@@ -84,7 +85,7 @@ def test_same_idempotency_key_returns_the_existing_job_and_writes_nothing() -> N
     first = django_pgjobs.enqueue("tests.ok", {"v": 1}, idempotency_key="order:42")
     second = django_pgjobs.enqueue("tests.ok", {"v": 2}, idempotency_key="order:42")
     assert second.pk == first.pk
-    assert second.created is False  # type: ignore[attr-defined]
+    assert second.created is False
     assert second.payload == {"v": 1}
     assert Job.objects.count() == 1
     # The key is per task: another task may use the same key.
@@ -194,7 +195,7 @@ def test_enqueue_many_tells_apart_two_tasks_that_share_an_idempotency_key(order)
         JobSpec.of(first, {"new": 1}, idempotency_key="shared"),
         JobSpec.of(first, {"new": 3}, idempotency_key="shared"),
     ])
-    assert [(j.task, j.created) for j in jobs] == [  # type: ignore[attr-defined]
+    assert [(j.task, j.created) for j in jobs] == [
         (second, False), (first, True), (first, False)]
     assert jobs[0].pk == existing.pk
     assert jobs[2].pk == jobs[1].pk != existing.pk
@@ -229,7 +230,7 @@ def test_returned_jobs_equal_the_stored_rows_field_by_field(
     # Equal instants are not enough: times carry the very time zone the ORM reads them with.
     assert [repr(columns) for columns in returned] == [repr(_columns(job)) for job in stored]
     assert jobs == stored
-    assert [(job.created, job._state.adding, job._state.db) for job in jobs] == [  # type: ignore[attr-defined]
+    assert [(job.created, job._state.adding, job._state.db) for job in jobs] == [
         (True, False, "default")] * 4 + [(repeat_is_new, False, "default")]
     assert [job.payload for job in jobs] == [
         {"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}, {"n": 5} if repeat_is_new else {"n": 3}]
@@ -380,12 +381,12 @@ def test_a_spec_whose_options_repeat_is_still_checked(bad, message) -> None:
 
 
 def test_one_job_and_many_name_the_same_row_values() -> None:
-    # enqueue_jobs takes a row's values by position in u(...), enqueue_one by name: both are
-    # enqueuing.ROW_COLUMNS and the traceparent.
-    aliases = re.search(r"AS u\(([^)]*)\)", query("enqueue_jobs"))
+    # insert_jobs takes a row's values by position in u(...), insert_job by name: both are
+    # rows.ROW_COLUMNS and the traceparent.
+    aliases = re.search(r"AS u\(([^)]*)\)", query("insert_jobs"))
     assert aliases is not None
     assert [n.strip() for n in aliases.group(1).split(",")] == [*ROW_COLUMNS, "traceparent"]
-    named = re.findall(r"%\((\w+)\)s", query("enqueue_one"))
+    named = re.findall(r"%\((\w+)\)s", query("insert_job"))
     assert set(named) == {*ROW_COLUMNS, "traceparent", "notify"}
 
 
@@ -427,7 +428,7 @@ def test_single_enqueues_that_repeat_their_options_each_return_a_job_of_their_ow
     assert len({id(job._state) for job in jobs}) == 3
     for job in jobs[1:]:
         assert _columns(job) == _columns(Job.objects.get(pk=job.pk))
-        assert (job.created, job._state.adding, job._state.db) == (True, False, "default")  # type: ignore[attr-defined]
+        assert (job.created, job._state.adding, job._state.db) == (True, False, "default")
 
 
 def test_a_task_registered_again_is_checked_again() -> None:

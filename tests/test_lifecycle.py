@@ -60,14 +60,14 @@ def test_a_unique_key_returns_the_active_job_and_is_free_once_it_finished() -> N
     first = django_pgjobs.enqueue("tests.ok", {"v": 1}, unique_key="refresh:42")
     again = django_pgjobs.enqueue("tests.ok", {"v": 2}, unique_key="refresh:42",
                                   delay=timedelta(minutes=5))
-    assert (again.pk, again.created) == (first.pk, False)  # type: ignore[attr-defined]
+    assert (again.pk, again.created) == (first.pk, False)
     assert Job.objects.count() == 1
     # Another task may use the same key.
     other = django_pgjobs.enqueue("tests.transient", {}, unique_key="refresh:42")
-    assert other.created and other.pk != first.pk  # type: ignore[attr-defined]
+    assert other.created and other.pk != first.pk
     finish(first.pk)
     after = django_pgjobs.enqueue("tests.ok", {"v": 3}, unique_key="refresh:42")
-    assert after.created and after.pk != first.pk  # type: ignore[attr-defined]
+    assert after.created and after.pk != first.pk
     assert Job.objects.get(pk=after.pk).payload == {"v": 3}
 
 
@@ -80,7 +80,7 @@ def test_every_active_state_holds_the_key(status) -> None:
     else:
         Job.objects.filter(pk=first.pk).update(status=status)
     again = django_pgjobs.enqueue("tests.ok", {}, unique_key="k")
-    assert (again.pk, again.created) == (first.pk, False)  # type: ignore[attr-defined]
+    assert (again.pk, again.created) == (first.pk, False)
 
 
 @pytest.mark.django_db
@@ -91,7 +91,7 @@ def test_a_unique_period_holds_the_key_within_its_period_whatever_the_state() ->
     stored = Job.objects.get(pk=first.pk)
     assert stored.unique_period_start is not None
     assert stored.unique_period_start.timestamp() % 86400 == 0
-    assert (again.pk, again.created) == (first.pk, False)  # type: ignore[attr-defined]
+    assert (again.pk, again.created) == (first.pk, False)
 
 
 @transactional
@@ -112,7 +112,7 @@ def test_enqueue_many_with_unique_keys_pairs_every_spec() -> None:
         JobSpec.of("tests.ok", {"n": 3}, unique_key="b"),
         JobSpec.of("tests.ok", {"n": 4}),
     ])
-    assert [j.created for j in jobs] == [False, True, False, True]  # type: ignore[attr-defined]
+    assert [j.created for j in jobs] == [False, True, False, True]
     assert jobs[0].pk == held.pk and jobs[2].pk == jobs[1].pk
     assert Job.objects.count() == 3
 
@@ -128,7 +128,7 @@ def test_concurrent_enqueuers_of_one_key_make_exactly_one_active_job() -> None:
             start.wait()
             for _ in range(15):
                 job = django_pgjobs.enqueue("tests.ok", {}, unique_key="race")
-                results.append((job.pk, job.created))  # type: ignore[attr-defined]
+                results.append((job.pk, job.created))
         except BaseException as exc:  # reported below
             errors.append(exc)
         finally:
@@ -178,7 +178,7 @@ def test_an_operator_retry_leaves_a_job_whose_key_an_active_job_holds() -> None:
     dead = django_pgjobs.enqueue("tests.ok", {}, unique_key="once")
     Job.objects.filter(pk=dead.pk).update(status=JobStatus.DEAD, finished_at=Now())
     active = django_pgjobs.enqueue("tests.ok", {}, unique_key="once")
-    assert active.created  # type: ignore[attr-defined]
+    assert active.created
     assert retry_jobs([dead.pk]) == 0
     assert Job.objects.get(pk=dead.pk).status == JobStatus.DEAD
     audit = OperatorAction.objects.get()

@@ -103,7 +103,7 @@ def test_the_unique_index_refuses_a_second_job_for_a_tick_whatever_the_cursor_sa
     enqueue_due_ticks(now=at(2.5))
     assert ticks_of(schedule) == [at(0), at(1), at(2)]
     again = enqueue_many([JobSpec("tests.when", {}, {}, tick=Tick(schedule.pk, at(1)))])
-    assert (again[0].created, again[0].scheduled_at) == (False, at(1))  # type: ignore[attr-defined]
+    assert (again[0].created, again[0].scheduled_at) == (False, at(1))
     with pytest.raises(IntegrityError, match="pgjobs_job_schedule_tick"), transaction.atomic():
         JobFactory(schedule=schedule, scheduled_at=at(1))
     assert Job.objects.filter(schedule=schedule).count() == 3

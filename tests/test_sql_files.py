@@ -15,7 +15,7 @@ WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(pgjobs_\w+)", r
 
 # Each table's writes: the files that may hold them, and the module that runs each file.
 OWNERS = {
-    "pgjobs_job": {"jobs.sql": "transitions.py", "enqueue.sql": "enqueuing.py"},
+    "pgjobs_job": {"jobs.sql": "transitions.py"},
     "pgjobs_attempt": {"jobs.sql": "transitions.py"},
     "pgjobs_receipt": {"receipts.sql": "receipts.py"},
     "pgjobs_schedule": {"schedules.sql": "schedules.py"},

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from .. import schedules, transitions
+from .. import enqueuing, schedules, transitions
 from ..conf import settings
 from ..models import IdempotencyReceipt, Job, Schedule
 from ..status import (
@@ -229,13 +229,13 @@ def apply_dead_letter(ids: list[int], data: dict[str, Any], actor: transitions.A
 
 def apply_replay(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
     key: str | object | None = {
-        ReplayForm.KEEP: transitions.KEEP_KEY, ReplayForm.NONE: None,
+        ReplayForm.KEEP: enqueuing.KEEP_KEY, ReplayForm.NONE: None,
     }.get(data["key_choice"], data.get("new_key", "").strip())
     originals = list(Job.objects.filter(pk__in=ids, status__in=TERMINAL_STATUSES).order_by("id"))
     # All or none: a key that turns out to be taken rolls back the replays before it.
     with transaction.atomic():
         replays = [
-            transitions.replay_job(job, idempotency_key=key, actor=actor, reason=_reason(data))
+            enqueuing.replay_job(job, idempotency_key=key, actor=actor, reason=_reason(data))
             for job in originals
         ]
     made = ", ".join(f"{o.pk} → {r.pk}" for o, r in zip(originals, replays, strict=True))
