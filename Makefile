@@ -3,6 +3,8 @@
 #   make test   the whole suite
 # Both use the PostgreSQL server in DATABASE_URL, or an embedded one when it is unset, which
 # stops when the command returns (testproject/embedded.py runs each command as its user).
+#   make test-quick  while you edit: the suite without the tests marked slow (worker and child
+#               processes, the browser, PgBouncer, other servers, large history, long waits)
 #   make admin  after make demo: the admin on the demo's data, at http://127.0.0.1:8000/admin/
 
 PYTHON ?= python3
@@ -14,7 +16,7 @@ STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 EMBEDDED := $(PY) -m testproject.embedded
 
-.PHONY: venv system-deps test demo admin lint chaos bench soak profile compare bench-async \
+.PHONY: venv system-deps test test-quick demo admin lint chaos bench soak profile compare bench-async \
 	bench-lifecycle bench-remote clean
 
 $(STAMP): pyproject.toml
@@ -36,6 +38,10 @@ system-deps:
 
 test: $(STAMP) system-deps
 	$(EMBEDDED) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The edit-test loop: no slow test needs the Debian packages, so neither does this.
+test-quick: $(STAMP)
+	$(EMBEDDED) $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(EMBEDDED) $(MANAGE) migrate --verbosity 0

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -124,12 +125,23 @@ def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return nodes
 
 
+def succeeded(claimed: Any, result: str = '{"ok": true}', *, token: Any = None) -> Any:
+    """A success report for a claimed job, under its own lease token or the one given."""
+    from django_pgjobs.outcomes import Outcome
+
+    outcome = Outcome.succeeded(claimed, result, duration_ms=1)
+    return outcome if token is None else replace(outcome, lease_token=token)
+
+
 def make_user(username: str, *codenames: str, superuser: bool = False) -> Any:
-    """A staff user with these permissions of the pgjobs app."""
+    """A staff user with these permissions of the pgjobs app.
+
+    It has no usable password: the tests log it in with ``force_login``, and hashing one costs
+    a quarter of a second per user.
+    """
     from django.contrib.auth.models import Permission, User
 
-    user = User.objects.create_user(username, password="pw", is_staff=True,
-                                    is_superuser=superuser)
+    user = User.objects.create_user(username, is_staff=True, is_superuser=superuser)
     if codenames:
         user.user_permissions.set(
             Permission.objects.filter(content_type__app_label="pgjobs", codename__in=codenames)

@@ -884,6 +884,7 @@ def seq_scanned(plan: str) -> set[str]:
             if n["Node Type"] == "Seq Scan"}
 
 
+@pytest.mark.slow
 def test_the_job_list_sorts_on_its_index_whatever_the_query_string_asks(
     login: Any, big_history: None
 ) -> None:
@@ -899,6 +900,7 @@ def test_the_job_list_sorts_on_its_index_whatever_the_query_string_asks(
     assert [h["text"] for h in result_headers(cl) if h["sortable"]] == ["id"]
 
 
+@pytest.mark.slow
 def test_the_job_list_stops_at_its_deepest_page(login: Any, big_history: None) -> None:
     client = login("view_job")
     first = client.get(CHANGELIST)
@@ -913,6 +915,7 @@ def test_the_job_list_stops_at_its_deepest_page(login: Any, big_history: None) -
             "The list stops at page 200: filter or search to reach older rows."]
 
 
+@pytest.mark.slow
 def test_the_queue_filter_reads_indexes_not_the_history(big_history: None) -> None:
     from django_pgjobs import sql
 
@@ -924,6 +927,7 @@ def test_the_queue_filter_reads_indexes_not_the_history(big_history: None) -> No
     assert seq_scanned(plan) <= {"pgjobs_queue"}, plan
 
 
+@pytest.mark.slow
 def test_the_operator_history_of_a_job_reads_the_audit_index(big_history: None) -> None:
     from django_pgjobs.admin.jobs import operator_actions_of
 

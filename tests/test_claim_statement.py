@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_pgjobs import prepared
 from django_pgjobs.transitions import claim_candidates, claim_jobs, claim_statement
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -66,6 +67,11 @@ def test_the_statement_takes_the_queue_and_the_worker_and_writes_in_the_rest() -
 
 
 def test_show_sql_prints_the_text_the_claim_prepares() -> None:
+    # The command checks the claim's plan too: the table's statistics are this test's, not
+    # what an earlier test's rolled-back history left in pg_class.
+    JobFactory.create_batch(20)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgjobs_job")
     out = StringIO()
     call_command("pgjobs_explain", "--show-sql", "--batch-size", "7", stdout=out)
     printed = out.getvalue().split("\n\n", 1)[0]

@@ -98,18 +98,35 @@ def test_handler_shortcut_and_handler_defaults() -> None:
     assert (job.task, job.queue, job.max_attempts) == ("tests.ok", "fast", 20)
 
 
+def sent_by(queries: CaptureQueriesContext) -> list[str]:
+    """What was sent, without the savepoints of the test's transaction."""
+    return [q["sql"] for q in queries.captured_queries
+            if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+
+
 def test_enqueue_many_is_one_statement_in_order() -> None:
     specs = [JobSpec.of("tests.ok", {"i": i}, priority=i % 3) for i in range(50)]
-    specs.append(JobSpec.of("tests.ok", {"i": "dup"}, idempotency_key="k"))
-    specs.append(JobSpec.of("tests.ok", {"i": "dup-again"}, idempotency_key="k"))
     with CaptureQueriesContext(connection) as queries:
         jobs = django_pgjobs.enqueue_many(specs)
-    inserts = [q for q in queries.captured_queries if "INSERT INTO pgjobs_job" in q["sql"]]
-    assert len(inserts) == 1
-    assert [j.payload for j in jobs[:50]] == [{"i": i} for i in range(50)]
-    assert [Job.objects.get(pk=j.pk).payload for j in jobs[:50]] == [{"i": i} for i in range(50)]
-    assert jobs[50].pk == jobs[51].pk
-    assert Job.objects.count() == 51
+    [sent] = sent_by(queries)
+    assert "INSERT INTO pgjobs_job" in sent
+    assert [j.payload for j in jobs] == [{"i": i} for i in range(50)]
+    assert [Job.objects.get(pk=j.pk).payload for j in jobs] == [{"i": i} for i in range(50)]
+    assert Job.objects.count() == 50
+
+
+def test_a_key_repeated_in_one_batch_costs_one_read_of_its_holder() -> None:
+    specs = [JobSpec.of("tests.ok", {"i": "dup"}, idempotency_key="k"),
+             JobSpec.of("tests.ok", {"i": "dup-again"}, idempotency_key="k"),
+             JobSpec.of("tests.ok", {"i": "other"})]
+    with CaptureQueriesContext(connection) as queries:
+        jobs = django_pgjobs.enqueue_many(specs)
+    insert, holder = sent_by(queries)
+    assert "INSERT INTO pgjobs_job" in insert and holder.startswith("SELECT")
+    assert jobs[0].pk == jobs[1].pk != jobs[2].pk
+    assert (jobs[0].created, jobs[1].created, jobs[2].created) == (True, False, True)
+    assert Job.objects.get(pk=jobs[1].pk).payload == {"i": "dup"}
+    assert Job.objects.count() == 2
 
 
 @pytest.mark.parametrize(

@@ -442,6 +442,7 @@ def test_pausing_a_queue_name_outside_the_rule_is_refused() -> None:
     assert QueueState.objects.count() == 0
 
 
+@pytest.mark.slow
 @transactional
 @pytest.mark.parametrize("listen", [True, False])
 def test_a_worker_stops_claiming_from_a_paused_queue_and_resumes_after(listen) -> None:

@@ -19,8 +19,8 @@ from django_pgjobs.models import Job
 from django_pgjobs.prepared import Statement
 from django_pgjobs.status import JobStatus
 from django_pgjobs.transitions import claim_jobs, settle_and_claim
+from tests.conftest import succeeded
 from tests.factories import JobFactory
-from tests.test_transitions import succeeded
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,7 +59,7 @@ def test_a_claim_with_its_settlement_is_one_round_trip_and_commits_both() -> Non
     first = claim_jobs("w1", "default", 3)  # a fresh connection's first claim prepares
     with CaptureQueriesContext(connection) as queries:
         trips, (applied, second) = round_trips(lambda: settle_and_claim(
-            [succeeded(c, c.lease_token) for c in first], "w1", "default", 3))
+            [succeeded(c) for c in first], "w1", "default", 3))
     assert trips == 1
     [message] = sent(queries)
     assert message.startswith("BEGIN;\n") and message.endswith(";\nCOMMIT")
@@ -94,7 +94,7 @@ def test_a_failed_message_commits_nothing_and_the_next_claim_works() -> None:
     jobs = JobFactory.create_batch(4)
     first = claim_jobs("w1", "default", 2)
     # jsonb refuses a NUL character: the settle fails, and with it the whole message.
-    bad = [replace(succeeded(c, c.lease_token), error="nul \x00 here") for c in first]
+    bad = [replace(succeeded(c), error="nul \x00 here") for c in first]
     with pytest.raises(DataError):
         settle_and_claim(bad, "w1", "default", 2)
     statuses = committed_statuses()
@@ -103,11 +103,11 @@ def test_a_failed_message_commits_nothing_and_the_next_claim_works() -> None:
     assert connection.get_autocommit() and connection.connection.autocommit
     # The first use after an error reads which statements the session holds, in the block.
     applied, second = settle_and_claim(
-        [succeeded(c, c.lease_token) for c in first], "w1", "default", 2)
+        [succeeded(c) for c in first], "w1", "default", 2)
     assert list(applied.values()) == [True, True]
     assert sorted(c.id for c in first + second) == sorted(j.pk for j in jobs)
     trips, (applied, third) = round_trips(lambda: settle_and_claim(
-        [succeeded(c, c.lease_token) for c in second], "w1", "default", 2))
+        [succeeded(c) for c in second], "w1", "default", 2))
     assert trips == 1 and list(applied.values()) == [True, True] and third == []
     assert set(committed_statuses().values()) == {JobStatus.SUCCEEDED}
 

@@ -15,8 +15,8 @@ from django_pgjobs.models import Job
 from django_pgjobs.prepared import Statement
 from django_pgjobs.status import JobStatus
 from django_pgjobs.transitions import claim_jobs, settle_and_claim
+from tests.conftest import succeeded
 from tests.factories import JobFactory
-from tests.test_transitions import succeeded
 
 pytestmark = pytest.mark.django_db
 
@@ -176,10 +176,10 @@ def test_claims_and_settles_prepared_go_on_where_those_sent_in_full_left_off() -
     with override_settings(PGJOBS_PREPARED_STATEMENTS=False):
         first = claim_jobs("w1", "default", 3)
         applied_first, second = settle_and_claim(
-            [succeeded(c, c.lease_token) for c in first], "w1", "default", 3)
+            [succeeded(c) for c in first], "w1", "default", 3)
     assert held() == set()
     applied_second, third = settle_and_claim(
-        [succeeded(c, c.lease_token) for c in second], "w2", "default", 3)
+        [succeeded(c) for c in second], "w2", "default", 3)
     assert held() == {name for name in held() if name.startswith(("pgjobs_claim3_",
                                                                     "pgjobs_settle_"))}
     assert len(held()) == 2

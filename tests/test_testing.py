@@ -366,6 +366,7 @@ def test_drain_runs_a_process_isolated_handler_in_a_child_process() -> None:
     assert isinstance(run.result, int) and run.result != os.getpid()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_drain_kills_a_process_isolated_handler_at_its_timeout_as_a_worker_does() -> None:
     job = django_pgjobs.enqueue("demo.sleep_process", {"seconds": 30})
@@ -377,6 +378,7 @@ def test_drain_kills_a_process_isolated_handler_at_its_timeout_as_a_worker_does(
     assert Job.objects.get(pk=job.pk).status == JobStatus.DEAD
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_drain_counts_a_process_isolated_timeout_from_the_handlers_start(monkeypatch) -> None:
     # The child's start-up alone (2 s) is longer than the handler's 1 s timeout.
@@ -387,6 +389,7 @@ def test_drain_counts_a_process_isolated_timeout_from_the_handlers_start(monkeyp
     assert run.result != os.getpid()
 
 
+@pytest.mark.slow
 def test_in_the_tests_transaction_a_handler_past_its_timeout_is_settled_timed_out() -> None:
     # A child could not see the test's transaction: the handler runs here, and a worker's
     # outcome is recorded once it returns.

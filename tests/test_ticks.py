@@ -173,6 +173,7 @@ def test_fall_back_a_daily_run_in_the_repeated_hour_runs_once(cron: str, at: dat
     assert once == [at]  # not again an hour later, at the second 02:xx
 
 
+@pytest.mark.slow
 def test_a_walk_started_anywhere_in_a_dst_day_yields_the_same_ticks() -> None:
     # Workers restart, and cursors are recomputed from now: whatever instant a walk starts at,
     # it must go on exactly as the walk started the day before.

@@ -87,6 +87,7 @@ def test_stop_lets_the_running_handler_finish_and_releases_unstarted_jobs() -> N
         assert Attempt.objects.get(job_id=job.pk).outcome == AttemptOutcome.RELEASED
 
 
+@pytest.mark.slow
 def test_heartbeats_keep_a_declared_long_job_owned_past_its_lease() -> None:
     job = django_pgjobs.enqueue("tests.long", {"seconds": 2.5})  # lease 1 s, heartbeats
     worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
@@ -103,6 +104,7 @@ def test_heartbeats_keep_a_declared_long_job_owned_past_its_lease() -> None:
     assert (stored.status, stored.attempts, stored.result) == (JobStatus.SUCCEEDED, 1, "done")
 
 
+@pytest.mark.slow
 def test_a_heartbeat_that_finds_the_lease_gone_tells_the_handler() -> None:
     job = django_pgjobs.enqueue("tests.long", {"seconds": 1.5})
     worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
@@ -141,6 +143,7 @@ def test_a_terminated_database_connection_mid_job_does_not_stop_the_worker() -> 
     assert worker.counters.database_errors >= 1
 
 
+@pytest.mark.slow
 def test_a_handler_hanging_past_its_lease_is_abandoned_and_the_worker_goes_on() -> None:
     hung = django_pgjobs.enqueue("tests.hang_once", {})
     worker = Worker(install_signals=False, poll_interval=0.05)
@@ -167,6 +170,7 @@ def outcomes_of(job_id: int) -> list[str]:
                 .values_list("outcome", flat=True))
 
 
+@pytest.mark.slow
 def test_jobs_queued_behind_a_declared_long_job_are_handed_back_at_once() -> None:
     long_job = django_pgjobs.enqueue("tests.long", {"seconds": 2.0}, priority=10)
     quick = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"i": i}) for i in range(3)])
@@ -183,6 +187,7 @@ def test_jobs_queued_behind_a_declared_long_job_are_handed_back_at_once() -> Non
         assert AttemptOutcome.LEASE_EXPIRED not in outcomes_of(job.pk)
 
 
+@pytest.mark.slow
 def test_jobs_waiting_behind_a_slow_handler_go_back_before_their_lease_expires() -> None:
     slow = django_pgjobs.enqueue("tests.sleep", {"seconds": 3.0}, priority=10)  # lease 5 s
     waiting = django_pgjobs.enqueue("tests.short_lease", {})  # lease 2 s
@@ -444,6 +449,7 @@ def test_one_failed_executor_of_several_does_not_end_the_worker(caplog) -> None:
     assert worker.counters.settled["succeeded"] >= len(jobs) - 1
 
 
+@pytest.mark.slow
 def test_a_thread_that_runs_on_after_its_timeout_gives_its_executor_back(caplog) -> None:
     stuck = django_pgjobs.enqueue("tests.stuck_past_timeout", {})
     worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
@@ -486,6 +492,7 @@ def test_a_handler_returning_just_after_its_timeout_keeps_its_executor(caplog) -
     assert [(s.index, s.abandoned) for s in worker._slots] == [(0, False)]
 
 
+@pytest.mark.slow
 def test_past_the_limit_of_given_up_threads_a_stuck_executor_keeps_its_slot(caplog) -> None:
     limit = ABANDONED_THREADS_PER_EXECUTOR
     stuck = [django_pgjobs.enqueue("tests.stuck_past_timeout", {"n": n}, priority=100 - n)
@@ -511,6 +518,7 @@ def test_past_the_limit_of_given_up_threads_a_stuck_executor_keeps_its_slot(capl
 # --- process isolation, with real child processes -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_process_isolated_timeout_counts_from_the_handlers_start(monkeypatch) -> None:
     # The child's start-up alone (2 s) is longer than the handler's 1 s timeout.
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_child_settings")

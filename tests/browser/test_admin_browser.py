@@ -16,7 +16,7 @@ from django_pgjobs.status import JobStatus
 from tests.browser.conftest import PASSWORD, log_in
 from tests.factories import AttemptFactory, JobFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 SECRET_CARD = "4111111111111111"
 SECRET_EMAIL = "ada@example.com"

@@ -11,7 +11,6 @@ from django.db.models.functions import Now
 
 import django_pgjobs
 from django_pgjobs.models import Attempt, Job
-from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import AttemptOutcome, JobStatus
 from django_pgjobs.transitions import (
     claim_jobs,
@@ -22,13 +21,9 @@ from django_pgjobs.transitions import (
 from django_pgjobs.worker import Worker
 from django_pgjobs.worker import settler as settler_module
 from testproject.chaos.models import Run
-from tests.conftest import wait_for
+from tests.conftest import succeeded, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def succeeded(claimed, value: str) -> Outcome:
-    return Outcome.succeeded(claimed, f'"{value}"', duration_ms=1)
 
 
 def test_a_stale_report_settled_in_one_batch_with_the_winning_one_changes_nothing():
@@ -42,7 +37,7 @@ def test_a_stale_report_settled_in_one_batch_with_the_winning_one_changes_nothin
     promote_due_jobs(10)
     [current] = claim_jobs("fast-worker", "default", 1)
 
-    won = settle([succeeded(stale, "stale"), succeeded(current, "current")])
+    won = settle([succeeded(stale, '"stale"'), succeeded(current, '"current"')])
 
     assert won == {stale.lease_token: False, current.lease_token: True}
     assert list(Attempt.objects.filter(job_id=job.pk).order_by("id").values_list(
@@ -67,7 +62,7 @@ def test_an_idle_settler_is_woken_by_a_new_outcome(monkeypatch):
     try:
         time.sleep(0.1)  # the settler is now in its idle wait
         [claimed] = claim_jobs("w", "default", 1)
-        settler.put(succeeded(claimed, "done"))
+        settler.put(succeeded(claimed, '"done"'))
         wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED, 20, 0.01)
     finally:
         settler.stop(give_up_at=time.monotonic() + 5, timeout=5)
