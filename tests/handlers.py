@@ -99,7 +99,9 @@ def long(ctx: JobContext, payload: Any) -> str:
     deadline = time.monotonic() + payload.get("seconds", 2.5)
     while time.monotonic() < deadline:
         time.sleep(0.02)
-    return "done" if not ctx.lease_lost else "lost"
+    answer = "done" if not ctx.lease_lost else "lost"
+    events.append(("long-returned", (ctx.job_id, answer)))
+    return answer
 
 
 @job("tests.hang_once", lease=timedelta(seconds=1))

@@ -644,7 +644,7 @@ def test_a_batch_of_fast_jobs_starts_without_asking_about_cancels() -> None:
         runner.hold(slot, jobs)
         runner.run(slot)
     assert [q["sql"] for q in queries.captured_queries] == []
-    assert [o.attempt_outcome for o in settler.take()] == [AttemptOutcome.SUCCEEDED] * 5
+    assert [o.attempt_outcome for o in settler.pending()] == [AttemptOutcome.SUCCEEDED] * 5
 
 
 @django_pgjobs.job("tests.lifecycle.stops_when_told", lease=timedelta(seconds=3), heartbeat=True)

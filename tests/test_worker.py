@@ -117,6 +117,8 @@ def test_a_heartbeat_that_finds_the_lease_gone_tells_the_handler() -> None:
     wait_for(lambda: worker.counters.lost == 1, 15)
     worker.stop()
     thread.join(10)
+    # The handler, still running, read lease_lost as true: it answered "lost", not "done".
+    assert handlers.events == [("long-returned", (job.pk, "lost"))]
     attempt = Attempt.objects.get(job_id=job.pk)
     assert attempt.outcome == AttemptOutcome.LOST
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING  # untouched by the stale report
@@ -254,7 +256,7 @@ def test_the_next_claim_settles_what_is_pending_in_its_own_transaction() -> None
     for c in done:
         worker.settler.put(Outcome.succeeded(c, "null", 1))
     jobs = worker._claim(10)  # the settler thread is not even running
-    assert len(jobs) == 3 and worker.settler.take() == []
+    assert len(jobs) == 3 and worker.settler.pending() == []
     assert worker.counters.settled == {"succeeded": 2}
     assert {Job.objects.get(pk=c.id).status for c in done} == {JobStatus.SUCCEEDED}
 
@@ -270,7 +272,8 @@ def test_with_settle_with_claim_off_the_settler_sends_each_full_batch_itself() -
         worker = Worker(install_signals=False, poll_interval=0.05, batch_size=2)
     for c in done:
         worker.settler.put(Outcome.succeeded(c, "null", 1))
-    assert worker.settler.take() == []
+    with worker.settler.lend() as loan:
+        assert loan.outcomes == []  # nothing for a claim to carry
     assert len(worker._claim(10)) == 3 and worker.counters.settled == {}
     worker.settler.start()
     try:
@@ -301,7 +304,9 @@ def test_a_claim_that_cannot_store_what_it_took_gives_it_back_to_the_settler() -
         worker._claim(5)
     # Nothing was settled or claimed, and no claim takes these again: the settler stores them.
     assert Job.objects.filter(status=JobStatus.READY).count() == 3
-    assert worker.settler.take() == []
+    assert len(worker.settler.pending()) == 2
+    with worker.settler.lend() as loan:
+        assert loan.outcomes == []
     worker.settler.start()
     try:
         wait_for(lambda: worker.counters.settled.get("dead") == 1, 20)

@@ -454,8 +454,7 @@ class Worker:
             # this is the executor's own code. It must not die unseen: its unstarted jobs go
             # back, it is logged, and a worker left with no executor exits non-zero.
             slot.crashed = True
-            with slot.lock:
-                self.runner.release_waiting(slot, "its executor failed")
+            self.runner.hand_back_waiting(slot, "its executor failed")
             logger.error("worker.executor_died worker=%s executor=%d: %s", self.worker_id,
                          slot.index, type(exc).__qualname__, exc_info=exc)
         finally:
@@ -463,21 +462,16 @@ class Worker:
 
     def _claim(self, limit: int) -> list[ClaimedJob]:
         # The first claim carries the worker's pending outcomes (settled in its transaction).
-        outcomes = self.settler.take()
-        try:
+        with self.settler.lend() as loan:
             for queue in self.rotation.order():
-                if outcomes:
-                    applied, jobs = settle_and_claim(outcomes, self.worker_id, queue, limit,
+                if loan.outcomes:
+                    applied, jobs = settle_and_claim(loan.outcomes, self.worker_id, queue, limit,
                                                      using=self.using)
-                    settled, outcomes = outcomes, []
-                    self.settler.settled(settled, applied)
+                    loan.settled(applied)
                 else:
                     jobs = claim_jobs(self.worker_id, queue, limit, using=self.using)
                 if jobs:
                     return jobs
-        finally:
-            if outcomes:
-                self.settler.give_back(outcomes)
         self.rotation.found_nothing()
         return []
 

@@ -1,12 +1,13 @@
 """The settler: one thread that applies a worker's outcomes in batches and sends heartbeats.
 
-Executors hand it outcomes (``put``). An executor that claims takes what is pending and settles
-it in its claim's transaction (``take``, then ``settled`` or ``give_back``): one round trip and
-one commit for both. What no claim takes in time the settler flushes itself, in one fenced
-statement, once the oldest has waited ``flush_seconds`` (or when four batches wait, the worker
-stops, or a claim gave its outcomes back). Jobs whose handlers declared ``heartbeat=True`` are
-watched: their leases are extended every third of their length, and the answer goes back to the
-handler's context. It knows nothing of the worker but its config and two callbacks.
+Executors hand it outcomes (``put``). An executor that claims borrows what is pending and settles
+it in its claim's transaction (``with settler.lend() as loan``): one round trip and one commit
+for both, and what the claim could not settle comes back when the block ends. What no claim
+takes in time the settler flushes itself, in one fenced statement, once the oldest has waited
+``flush_seconds`` (or when four batches wait, the worker stops, or a claim gave its outcomes
+back). Jobs whose handlers declared ``heartbeat=True`` are watched: their leases are extended
+every third of their length, and the answer goes back to the handler's context. It knows
+nothing of the worker but its config and two callbacks.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.db import DatabaseError, DataError, IntegrityError, ProgrammingError, connections
@@ -38,8 +40,8 @@ class SettlerConfig:
     worker_id: str  # for log lines
     batch: int  # a full batch of outcomes
     flush_seconds: float  # flush when the oldest has waited this long
-    # Claims take the pending outcomes (``take``); the settler flushes a full batch only once
-    # four are pending. False: it flushes each full batch at once, and ``take`` gives nothing.
+    # Claims borrow the pending outcomes (``lend``); the settler flushes a full batch only once
+    # four are pending. False: it flushes each full batch at once, and ``lend`` lends nothing.
     with_claims: bool = True
 
 
@@ -87,30 +89,38 @@ class Settler(threading.Thread):
         # Past this many pending, the settler flushes without waiting for a claim to take them.
         return 4 * self.config.batch if self.config.with_claims else self.config.batch
 
-    def take(self) -> list[Outcome]:
-        """The pending outcomes, for an executor to settle with its claim (one per lease token).
+    @contextmanager
+    def lend(self) -> Iterator[Loan]:
+        """Lend the pending outcomes (one per lease token) to a claim that settles them.
 
-        The executor then calls ``settled`` with the answer, or ``give_back`` if it failed.
+        The claim tells the database's answer with ``loan.settled(applied)``. Whatever it has
+        not settled when the block ends (its transaction failed) comes back, and this thread
+        stores it next: a report that cannot be stored must not fail one claim after another.
         """
         with self._cond:
-            if (not self.config.with_claims or not self._pending or self._settle_here
-                    or self._stopping):
-                return []
-            return self._take_batch()
+            lending = (self.config.with_claims and self._pending and not self._settle_here
+                       and not self._stopping)
+            loan = Loan(self, self._take_batch() if lending else [])
+        try:
+            yield loan
+        finally:
+            if loan.outcomes:
+                with self._cond:
+                    self._pending[:0] = loan.outcomes
+                    self._oldest = self._oldest or time.monotonic()
+                    self._settle_here = True
+                    self._cond.notify()
 
-    def settled(self, batch: Sequence[Outcome], applied: dict[uuid.UUID, bool]) -> None:
-        """A claim settled ``batch``: report each outcome the database answered for."""
+    def pending(self) -> list[Outcome]:
+        """The outcomes waiting to be settled, oldest first."""
+        with self._cond:
+            return list(self._pending)
+
+    def _answered(self, batch: Sequence[Outcome], applied: dict[uuid.UUID, bool]) -> None:
+        """Report each outcome of ``batch`` the database answered for."""
         for outcome in batch:
             if outcome.lease_token in applied:
                 self.on_settled(outcome, applied[outcome.lease_token])
-
-    def give_back(self, batch: Sequence[Outcome]) -> None:
-        """A claim failed with ``batch``: nothing of it was stored; this thread settles it."""
-        with self._cond:
-            self._pending[:0] = batch
-            self._oldest = self._oldest or time.monotonic()
-            self._settle_here = True
-            self._cond.notify()
 
     def watch(self, ctx: JobContext) -> None:
         """Heartbeat ``ctx``'s lease every third of its length until ``unwatch``."""
@@ -216,7 +226,7 @@ class Settler(threading.Thread):
             # Not a lost connection: something in one report cannot be stored. Retrying the
             # batch would fail forever and hold back every other settlement of this worker.
             applied = self._settle_one_by_one(batch, exc)
-        self.settled(batch, applied)
+        self._answered(batch, applied)
 
     def _settle_one_by_one(
         self, batch: Sequence[Outcome], exc: DatabaseError
@@ -256,3 +266,16 @@ class Settler(threading.Thread):
 
 
 __all__ = ["Settler", "SettlerConfig"]
+
+
+class Loan:
+    """The outcomes a claim borrowed from the settler (``Settler.lend``)."""
+
+    def __init__(self, settler: Settler, outcomes: list[Outcome]) -> None:
+        self._settler = settler
+        self.outcomes = outcomes  # what the claim has still to settle
+
+    def settled(self, applied: dict[uuid.UUID, bool]) -> None:
+        """The claim's transaction committed them, with the database's answer for each."""
+        batch, self.outcomes = self.outcomes, []
+        self._settler._answered(batch, applied)

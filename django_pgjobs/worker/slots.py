@@ -215,6 +215,48 @@ class BatchRunner:
                 self.settler.put(Outcome.cancelled(job, BEFORE_START))
         return len(cancelled)
 
+    # --- what the watchdog asks of the runner ----------------------------------------------
+
+    def enforce_timeouts(self) -> None:
+        """Take over every running job past its timeout."""
+        self.running.enforce_timeouts()
+
+    def taken_over_for(self, job: ClaimedJob) -> float | None:
+        """How long ago ``job``'s run was taken over (timeout, cancel), if it was."""
+        return self.running.left_running(job.id)
+
+    def held(self, slots: list[Slot]) -> list[int]:
+        """The ids of the jobs this runner holds: running, and waiting in ``slots``."""
+        held = self.running.ids()
+        for slot in slots:
+            with slot.lock:
+                held += [job.id for job in slot.waiting]
+        return held
+
+    def cancel(self, job_ids: set[int], slots: list[Slot]) -> int:
+        """Take over the running jobs among ``job_ids`` and settle the waiting ones cancelled."""
+        taken = self.running.cancel(job_ids)
+        for slot in slots:
+            taken += self.cancel_waiting(slot, job_ids)
+        return taken
+
+    def hand_back_waiting(self, slot: Slot, reason: str) -> None:
+        """Hand back every unstarted job of ``slot``."""
+        with slot.lock:
+            self.release_waiting(slot, reason)
+
+    def hand_back_stale(self, slot: Slot) -> None:
+        """Hand back the unstarted jobs of ``slot`` whose lease is too short to start them.
+
+        Jobs queued behind a slow handler must go back while their lease still holds, or the
+        rescue step would count an attempt they never had.
+        """
+        with slot.lock:
+            stale = [j for j in slot.waiting if j.too_late_to_start()]
+            for job in stale:
+                slot.waiting.remove(job)
+                self.settler.put(Outcome.released(job, "lease too short to start"))
+
 
 class Watchdog:
     """Looks over the slots and the running jobs from the worker's main thread."""
@@ -239,20 +281,19 @@ class Watchdog:
     def check(self, slots: list[Slot]) -> None:
         """Look over ``slots`` once; forget those whose given-up thread has ended."""
         self._prune(slots)
-        self.runner.running.enforce_timeouts()
+        self.runner.enforce_timeouts()
         for slot in list(slots):
-            self._release_stale_waiting(slot)
+            self.runner.hand_back_stale(slot)
             job = slot.job
             if job is None or slot.abandoned:
                 continue
-            taken_over_for = self.runner.running.left_running(job.id)
+            taken_over_for = self.runner.taken_over_for(job)
             if taken_over_for is not None:
                 # A handler that timed out or was cancelled is settled, but its thread cannot
                 # be stopped and may never return: the jobs queued behind it go back now, and
                 # past the grace a fresh executor takes the slot, so a stuck handler costs no
                 # capacity.
-                with slot.lock:
-                    self.runner.release_waiting(slot, "batch behind a handler taken over")
+                self.runner.hand_back_waiting(slot, "batch behind a handler taken over")
                 if taken_over_for >= self.grace:
                     self._abandon(slot, job, slots, "was taken over (timeout or cancel) and "
                                                     "its thread cannot be stopped")
@@ -305,28 +346,13 @@ class Watchdog:
         if now - self._cancels_read_at < self.cancel_every:
             return 0
         self._cancels_read_at = now
-        held = self.runner.running.ids()
-        for slot in slots:
-            with slot.lock:
-                held += [job.id for job in slot.waiting]
+        held = self.runner.held(slots)
         if not held:
             return 0
         asked = set(cancel_requested(held, using=using))
         if not asked:
             return 0
-        taken = self.runner.running.cancel(asked)
-        for slot in slots:
-            taken += self.runner.cancel_waiting(slot, asked)
-        return taken
-
-    def _release_stale_waiting(self, slot: Slot) -> None:
-        # Jobs queued behind a slow handler must go back while their lease still holds, or
-        # the rescue step would count an attempt they never had.
-        with slot.lock:
-            stale = [j for j in slot.waiting if j.too_late_to_start()]
-            for job in stale:
-                slot.waiting.remove(job)
-                self.runner.settler.put(Outcome.released(job, "lease too short to start"))
+        return self.runner.cancel(asked, slots)
 
 
 __all__ = ["BatchRunner", "Slot", "Watchdog"]
