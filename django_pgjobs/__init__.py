@@ -12,6 +12,7 @@ from .exceptions import (
     Cancelled,
     EnqueueError,
     InvalidJobOption,
+    InvalidLimitKey,
     LeaseLost,
     PayloadNotJSON,
     PayloadTooLarge,
@@ -24,6 +25,7 @@ from .exceptions import (
     UnknownQueue,
     UnknownTask,
 )
+from .limits import Limit
 from .registry import Handler, job, redact
 from .ticks import Schedule
 
@@ -36,8 +38,10 @@ __all__ = [
     "EnqueueError",
     "Handler",
     "InvalidJobOption",
+    "InvalidLimitKey",
     "JobSpec",
     "LeaseLost",
+    "Limit",
     "PayloadNotJSON",
     "PayloadTooLarge",
     "Permanent",

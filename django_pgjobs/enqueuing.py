@@ -206,9 +206,9 @@ def _insert(rows: Sequence[Row], alias: str, notify: bool) -> list[Job | None]:
 def _many_rows(rows: Sequence[Row]) -> tuple[list[Combination], str]:
     """The combinations of ``rows``, and each row's own values as one JSON document.
 
-    A row is ``[combination, payload]``, then its schedule tick and traceparent when it has
-    them: joining the already encoded payloads costs a fraction of quoting a text array of
-    them, and the server parses the document once.
+    A row is ``[combination, payload]``, then its schedule tick, traceparent and limit key
+    when it has any of them: joining the already encoded payloads costs a fraction of quoting
+    a text array of them, and the server parses the document once.
     """
     combinations: list[Combination] = []
     numbers: dict[int, int] = {}
@@ -219,13 +219,13 @@ def _many_rows(rows: Sequence[Row]) -> tuple[list[Combination], str]:
             number = numbers[id(row.combination)] = len(combinations) + 1
             combinations.append(row.combination)
         traceparent = row.traceparent
-        if row.tick is None and traceparent is None:
+        if row.tick is None and traceparent is None and row.limit_key is None:
             parts.append(f"[{number},{row.encoded}]")
         else:
             scheduled_at = row.scheduled_at
             parts.append(f"[{number},{row.encoded},{json.dumps(row.schedule_id)},"
                          f"{json.dumps(scheduled_at and scheduled_at.isoformat())},"
-                         f"{json.dumps(traceparent)}]")
+                         f"{json.dumps(traceparent)},{json.dumps(row.limit_key)}]")
     return combinations, f"[{','.join(parts)}]"
 
 

@@ -50,6 +50,15 @@ class InvalidJobOption(EnqueueError):
     pass
 
 
+class InvalidLimitKey(EnqueueError):
+    """A handler's ``Limit`` could not give this job a key: its key function raised, or gave
+    something other than a short string."""
+
+    def __init__(self, task: str, problem: str) -> None:
+        super().__init__(f"task {task!r}: the limit key {problem}")
+        self.task = task
+
+
 class NotMigrated(EnqueueError):
     """The database has no django-pgjobs tables, or not all of their columns, yet."""
 

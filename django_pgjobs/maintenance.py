@@ -25,7 +25,9 @@ from .schedules import ScheduleStep
 from .stats import backlog_max_age, backlog_policy
 from .status import TERMINAL_STATUSES, JobStatus
 from .transitions import (
+    admit_waiting_keys,
     delete_finished_jobs,
+    free_orphaned_slots,
     promote_due_jobs,
     raise_waiting_priorities,
     ready_queues,
@@ -96,6 +98,21 @@ def rescue_step(using: str = DEFAULT_DB_ALIAS) -> int:
             extra={"pgjobs": {"job_id": outcome.job_id, "outcome": "lease_expired"}},
         )
     return len(rescued)
+
+
+def admit_step(using: str = DEFAULT_DB_ALIAS) -> int:
+    """Give free slots to throttled jobs the statements that freed them could not see."""
+    return admit_waiting_keys(settings.PROMOTE_BATCH, using=using)
+
+
+def orphaned_slots_step(using: str = DEFAULT_DB_ALIAS) -> int:
+    """Free slots whose holder is gone; each is logged, as it should not happen."""
+    freed = free_orphaned_slots(settings.RESCUE_BATCH, using=using)
+    for key, n, job_id in freed:
+        logger.error("limit.orphaned_slot key=%s slot=%s job=%s: freed; its holder was deleted "
+                     "or changed without the triggers of pgjobs_job", escape_control(key), n,
+                     job_id)
+    return len(freed)
 
 
 # --- priority aging ------------------------------------------------------------------------------
@@ -311,6 +328,11 @@ def default_steps(
     steps = [
         Step("promote", poll_interval, promote_step, wakes_workers=True),
         Step("rescue", float(settings.RESCUE_INTERVAL_SECONDS), rescue_step),
+        # Limits: a slot freed while the job that would take it was uncommitted is given on
+        # the promote step's cadence; orphaned slots (none, unless a writer bypassed the
+        # triggers) are looked for on the rescue step's.
+        Step("limits", poll_interval, admit_step, wakes_workers=True),
+        Step("orphaned slots", float(settings.RESCUE_INTERVAL_SECONDS), orphaned_slots_step),
         Step("prune", float(settings.PRUNE_INTERVAL_SECONDS), prune_finished,
                  backlog_at=int(settings.PRUNE_BATCH)),
         # Syncs the declared schedules on its first run, then enqueues due ticks in batches.

@@ -27,6 +27,8 @@ from .validation import (
     CRON_MAX_LENGTH,
     FAIRNESS_KEY_MAX_LENGTH,
     KEY_MAX_LENGTH,
+    LIMIT_KEY_MAX_LENGTH,
+    MAX_RUNNING_LIMIT,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE_NAME_MAX_LENGTH,
@@ -198,6 +200,14 @@ class Job(models.Model):
     fairness_key = models.CharField(  # noqa: DJ001
         max_length=FAIRNESS_KEY_MAX_LENGTH, null=True, blank=True
     )
+    # The job's limit key (``name:key``) and its handler's max_running when it was enqueued,
+    # when its handler declares a Limit; and the slot of its key it holds (while ready or
+    # running) or last held. docs/limits.md.
+    limit_key = models.CharField(  # noqa: DJ001
+        max_length=LIMIT_KEY_MAX_LENGTH, null=True, blank=True
+    )
+    limit_max = models.PositiveIntegerField(null=True, blank=True)
+    limit_slot = models.PositiveSmallIntegerField(null=True, blank=True)
     failure_class = models.CharField(
         max_length=32, blank=True, default="", choices=FailureClass.choices
     )
@@ -251,6 +261,16 @@ class Job(models.Model):
                 name="pgjobs_job_finished_idx",
                 condition=Q(status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]),
             ),
+            # The jobs waiting for a slot of their limit key, in the order a freed slot takes
+            # them (the claim's order, within the key).
+            models.Index(
+                "limit_key",
+                models.F("priority").desc(),
+                "run_at",
+                "id",
+                name="pgjobs_job_throttled_idx",
+                condition=Q(status=JobStatus.THROTTLED),
+            ),
             # The admin's search by trace id; without it a search reads the whole history.
             models.Index(
                 fields=["trace_id"], name="pgjobs_job_trace_idx", condition=~Q(trace_id="")
@@ -299,6 +319,11 @@ class Job(models.Model):
                 fields=["schedule", "scheduled_at"],
                 condition=Q(schedule__isnull=False),
                 name="pgjobs_job_schedule_tick",
+            ),
+            models.CheckConstraint(
+                condition=Q(limit_key__isnull=True, limit_max__isnull=True)
+                | Q(limit_key__isnull=False, limit_max__gte=1, limit_max__lte=MAX_RUNNING_LIMIT),
+                name="pgjobs_job_limit_pair",
             ),
             models.CheckConstraint(
                 condition=Q(schedule__isnull=True, scheduled_at__isnull=True)
@@ -362,6 +387,57 @@ class Attempt(models.Model):
         return f"attempt {self.number} of job {self.job_id} ({self.outcome})"
 
 
+class KeyLimit(models.Model):
+    """An operator's limit for one limit key, in place of its handler's max_running."""
+
+    key = models.CharField(primary_key=True, max_length=LIMIT_KEY_MAX_LENGTH)
+    max_running = models.PositiveIntegerField()
+    changed_at = models.DateTimeField(db_default=Now())
+    changed_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        db_table = "pgjobs_key_limit"
+        verbose_name = "limit"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_running__gte=1, max_running__lte=MAX_RUNNING_LIMIT),
+                name="pgjobs_key_limit_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} (at most {self.max_running})"
+
+
+class KeySlot(models.Model):
+    """One unit of a limit key: held by the job it names while that job is ready or running.
+
+    A key has a row for each slot below its largest limit yet. The slots are taken with SKIP
+    LOCKED and freed by the statement that ends the holder's run (triggers of pgjobs_job,
+    docs/limits.md); ``transitions.free_orphaned_slots`` frees any whose holder is gone.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=LIMIT_KEY_MAX_LENGTH)
+    n = models.PositiveSmallIntegerField()
+    # Not a foreign key: the holder's row is read, never joined by a constraint, and a slot
+    # must not stop a job's deletion.
+    job_id = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pgjobs_key_slot"
+        constraints = [
+            models.UniqueConstraint(fields=["key", "n"], name="pgjobs_key_slot_key_n"),
+        ]
+        indexes = [
+            models.Index(fields=["key"], name="pgjobs_key_slot_free_idx",
+                         condition=Q(job_id__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}#{self.n}"
+
+
 class IdempotencyReceipt(models.Model):
     id = models.BigAutoField(primary_key=True)
     scope = models.CharField(max_length=RECEIPT_SCOPE_MAX_LENGTH)
@@ -417,6 +493,7 @@ class OperatorActionKind(models.TextChoices):
     VIEW_RAW_PAYLOAD = "view_raw_payload", "view raw payload"
     PAUSE_QUEUE = "pause_queue", "pause queue"
     RESUME_QUEUE = "resume_queue", "resume queue"
+    SET_KEY_LIMIT = "set_key_limit", "set key limit"
     SCHEDULE_CREATE = "schedule_create", "create schedule"
     SCHEDULE_CHANGE = "schedule_change", "change schedule"
     SCHEDULE_PAUSE = "schedule_pause", "pause schedule"

@@ -133,6 +133,8 @@ class Checked:
     timeout_seconds: float | None
     trace_id: str
     fairness_key: str | None
+    # The handler's Limit: its max_running is the jobs', each job's key comes from its payload.
+    limit_max: int | None
 
 
 def check_options(task: Any, given: Mapping[str, Any], tick: Any, defaults: Defaults) -> Checked:
@@ -191,6 +193,7 @@ def check_options(task: Any, given: Mapping[str, Any], tick: Any, defaults: Defa
         timeout_seconds=seconds_of(timeout) if timeout is not None else None,
         trace_id=options["trace_id"] or "",
         fairness_key=options["fairness_key"],
+        limit_max=handler.limit.max_running if handler.limit is not None else None,
     )
 
 

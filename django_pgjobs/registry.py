@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .conf import settings
 from .exceptions import InvalidJobOption
+from .limits import Limit
 from .redaction import Redactor, compile_path
 from .ticks import Schedule
 from .validation import OPTION_RULES, queue_problem, task_name_problem
@@ -49,6 +50,7 @@ class Handler:
         cron: str | None = None,
         timezone: str | None = None,
         schedules: Iterable[Schedule] = (),
+        limit: Limit | None = None,
     ) -> None:
         problem = task_name_problem(name)
         if problem is not None:
@@ -72,6 +74,10 @@ class Handler:
                 f"task {name!r}: heartbeat=True needs an explicit lease= "
                 "(heartbeats are for work that declares a longer lease)"
             )
+        if limit is not None and not isinstance(limit, Limit):
+            raise InvalidJobOption(
+                f"task {name!r}: limit must be a django_pgjobs.Limit(max_running, key=...), "
+                f"got {type(limit).__name__}")
         if isolation not in ISOLATIONS:
             raise InvalidJobOption(
                 f"task {name!r}: isolation must be one of {', '.join(ISOLATIONS)}, "
@@ -90,6 +96,8 @@ class Handler:
         # "process": the handler runs in a child process, which the worker kills at the timeout
         # or a cancel; a thread cannot be killed.
         self.isolation = isolation
+        # At most limit.max_running jobs of one limit key run at once (docs/limits.md).
+        self.limit = limit
         # An async def handler runs on the worker's event loop, many at once.
         self.is_async = inspect.iscoroutinefunction(func)
         if self.is_async and isolation == "process":

@@ -27,10 +27,11 @@ from .registry import Handler, registry
 ROW_COLUMNS = (
     "task", "payload_version", "queue", "payload", "priority", "run_at", "delay_seconds",
     "max_attempts", "max_age_seconds", "lease_seconds", "idempotency_key", "unique_key",
-    "unique_period", "timeout_seconds", "trace_id", "fairness_key", "schedule_id",
-    "scheduled_at",
+    "unique_period", "timeout_seconds", "trace_id", "fairness_key", "limit_max", "schedule_id",
+    "scheduled_at", "limit_key",
 )
-# A row's own values among the shared ones: its payload, and its tick, the last two columns.
+# A row's own values among the shared ones: its payload, and from its tick on, the last three
+# columns (its tick and its limit key).
 _PAYLOAD_AT = ROW_COLUMNS.index("payload")
 _TICK_AT = ROW_COLUMNS.index("schedule_id")
 
@@ -43,6 +44,7 @@ class Row:
     payload: Any
     encoded: str  # the payload
     tick: Tick | None
+    limit_key: str | None = None
     traceparent: str | None = None
 
     # What a unique index may refuse the row for, and what the spans of its enqueue name.
@@ -78,7 +80,7 @@ class Row:
     def values(self) -> tuple[Any, ...]:
         """The row's values in ROW_COLUMNS' order."""
         return (*self.combination.head, self.encoded, *self.combination.tail,
-                self.schedule_id, self.scheduled_at)
+                self.schedule_id, self.scheduled_at, self.limit_key)
 
     def job(self, answered: dict[str, Any], alias: str) -> Job:
         """The job this row became: ``answered`` holds what its INSERT returned."""
@@ -86,6 +88,7 @@ class Row:
         answered["traceparent"] = self.traceparent
         answered["schedule_id"] = self.schedule_id
         answered["scheduled_at"] = self.scheduled_at
+        answered["limit_key"] = self.limit_key
         return self.combination.new_job(answered, alias)
 
 
@@ -170,7 +173,7 @@ class Combination:
             )
         checked = check_options(spec.task, dict(spec.options), spec.tick, defaults)
         shared = {name: getattr(checked, name) for name in ROW_COLUMNS
-                  if name not in ("payload", "schedule_id", "scheduled_at")}
+                  if name not in ("payload", "schedule_id", "scheduled_at", "limit_key")}
         return cls(checked,
                    tuple(shared[c] for c in ROW_COLUMNS[:_PAYLOAD_AT]),
                    tuple(shared[c] for c in ROW_COLUMNS[_PAYLOAD_AT + 1:_TICK_AT]))
@@ -197,7 +200,11 @@ class Combination:
         tick = checked_tick(spec.tick)
         encoded = encode_json(spec.payload, limit=defaults.max_payload_bytes,
                               max_depth=defaults.max_payload_depth)
-        return Row(self, spec.payload, encoded, tick)
+        checked = self.checked
+        limit = checked.handler.limit
+        limit_key = (None if limit is None
+                     else limit.key_of(checked.task, spec.payload, checked.fairness_key))
+        return Row(self, spec.payload, encoded, tick, limit_key)
 
     def new_job(self, own: dict[str, Any], alias: str) -> Job:
         """A job of this combination, saved in ``alias``, with ``own`` attribute values.
@@ -236,6 +243,7 @@ class Combination:
             idempotency_key=checked.idempotency_key, unique_key=checked.unique_key,
             timeout_seconds=checked.timeout_seconds, trace_id=checked.trace_id,
             fairness_key=checked.fairness_key, schedule_id=None, scheduled_at=None,
+            limit_key=None, limit_max=checked.limit_max, limit_slot=None,
         )
 
 

@@ -12,6 +12,10 @@ class JobStatus(models.TextChoices):
     # Waiting for run_at (enqueued with a delay). The promote step moves it to READY when due;
     # an operator may cancel it.
     SCHEDULED = "scheduled", "scheduled"
+    # Due, but its limit key is at its limit (a ``Limit`` of its handler): it waits outside the
+    # claim index. The database makes it READY in the statement that frees a slot of its key
+    # (docs/limits.md); an operator may cancel it.
+    THROTTLED = "throttled", "throttled"
     # Eligible now. A worker's claim moves it to RUNNING; an operator may cancel it.
     READY = "ready", "ready"
     # Leased to one worker. Only the lease holder settles it (to SUCCEEDED, RETRYING, READY on
@@ -34,9 +38,11 @@ class JobStatus(models.TextChoices):
 # the states above, because the admin lists them in that order.
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
 # Not running and not finished: an operator may cancel or dead-letter these.
-WAITING_STATUSES = (JobStatus.SCHEDULED, JobStatus.READY, JobStatus.RETRYING)
+WAITING_STATUSES = (JobStatus.SCHEDULED, JobStatus.THROTTLED, JobStatus.READY,
+                    JobStatus.RETRYING)
 # Not finished: a unique key (without a period) is held by a job in one of these.
-ACTIVE_STATUSES = (JobStatus.SCHEDULED, JobStatus.READY, JobStatus.RUNNING, JobStatus.RETRYING)
+ACTIVE_STATUSES = (JobStatus.SCHEDULED, JobStatus.THROTTLED, JobStatus.READY, JobStatus.RUNNING,
+                   JobStatus.RETRYING)
 # An operator may send these back to ready with a fresh attempt budget.
 RETRYABLE_STATUSES = (JobStatus.DEAD, JobStatus.CANCELLED)
 

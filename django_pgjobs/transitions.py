@@ -20,9 +20,15 @@ Read it top to bottom:
 8. Operators: ``retry_jobs``, ``cancel_jobs``, ``dead_letter_jobs``, and for
    ``enqueuing.replay_job`` the lock of the original and its audit (``take_for_replay``,
    ``audit_replay``).
+9. Limits: a job with a limit key is READY or RUNNING only while it holds a slot of its key,
+   THROTTLED otherwise; triggers of pgjobs_job move it between the two as slots are taken and
+   freed, in the statements above (docs/limits.md). ``free_orphaned_slots`` and
+   ``admit_waiting_keys`` catch what a trigger cannot see (``sql/limits.sql``);
+   ``set_key_limit`` is an operator's limit for one key.
 
-This module runs every write to ``pgjobs_job`` and ``pgjobs_attempt``. The statements of 0 to 7
-are in ``sql/jobs.sql``; the operator transitions are ORM updates of the rows they lock.
+This module runs every write to ``pgjobs_job``, ``pgjobs_attempt`` and the limits' tables. The
+statements of 0 to 7 are in ``sql/jobs.sql``, those of 9 in ``sql/limits.sql``; the operator
+transitions are ORM updates of the rows they lock.
 A schedule's jobs enter through enqueue like any other (``schedules`` builds them); operators'
 actions on schedules are audited here too (``audit_schedule_action``).
 
@@ -53,7 +59,7 @@ from django.db.models.functions import Now
 from . import prepared, sql
 from .claimed import ClaimedJob, claimed_jobs
 from .conf import settings
-from .models import Job, OperatorAction, OperatorActionKind, QueueState
+from .models import Job, KeyLimit, OperatorAction, OperatorActionKind, QueueState
 from .outcomes import Outcome
 from .retry import decide
 from .status import (
@@ -65,7 +71,7 @@ from .status import (
     JobStatus,
     TerminalReason,
 )
-from .validation import queue_problem
+from .validation import limit_key_problem, max_running_problem, queue_problem
 
 # --- 0. the insert ------------------------------------------------------------------------------
 
@@ -661,6 +667,69 @@ def audit_schedule_action(
         job_ids=list(job_ids), schedule_ids=schedule_ids, selected=len(schedule_ids),
         changed=changed, detail=detail,
     )
+
+
+# --- 9. limits: the maintenance of key slots ----------------------------------------------------
+# The triggers of pgjobs_job take and free slots as jobs wait, become ready and end their runs
+# (docs/limits.md). These catch the two things a trigger cannot see.
+
+
+def free_orphaned_slots(
+    limit: int, *, using: str = DEFAULT_DB_ALIAS
+) -> list[tuple[str, int, int]]:
+    """Free up to ``limit`` slots whose holder no longer holds them; (key, slot, job id) of each.
+
+    A slot is freed by the statement that ends its holder's run: this finds only a holder
+    deleted while it held one, or changed by a writer that bypassed the triggers.
+    """
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(sql.query("orphaned_slots"), {"batch": limit})
+        found = cursor.fetchall()
+        if not found:
+            return []
+        cursor.execute(sql.query("free_orphaned_slots"), {"slots": json.dumps(
+            [{"key": key, "n": n, "job_id": job_id} for key, n, job_id in found])})
+        return [(key, n, job_id) for key, n, job_id in cursor.fetchall()]
+
+
+def admit_waiting_keys(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Give free slots to throttled jobs, for up to ``limit`` keys that have both; how many.
+
+    A slot freed while the job that would have taken it was not yet committed (the freeing
+    statement could not see it) is given here, on the next run of the step.
+    """
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(sql.query("admit_waiting_keys"), {"batch": limit})
+        return sum(admitted for _, admitted in cursor.fetchall())
+
+
+def set_key_limit(
+    key: str, max_running: int, *, actor: Actor = CODE, reason: str = "",
+    using: str = DEFAULT_DB_ALIAS,
+) -> int:
+    """Let at most ``max_running`` jobs of limit key ``key`` run at once, in place of what its
+    handler declares; audited. Return how many throttled jobs a raised limit made ready now.
+
+    A lowered limit stops new starts until the jobs above it finish; none is interrupted.
+    """
+    for problem, what in ((limit_key_problem(key), "key"),
+                          (max_running_problem(max_running), "max_running")):
+        if problem is not None:
+            raise ValueError(f"{what} {problem}")
+    with transaction.atomic(using=using):
+        limits = KeyLimit.objects.using(using)
+        before = limits.filter(key=key).values_list("max_running", flat=True).first()
+        limits.update_or_create(key=key, defaults={
+            "max_running": max_running, "changed_at": Now(), "changed_by": actor.name})
+        with connections[using].cursor() as cursor:
+            values: dict[str, Any] = {"key": key, "max_running": max_running}
+            cursor.execute(sql.query("make_key_slots"), values)
+            cursor.execute(sql.query("admit_key"), values)
+            [(admitted,)] = cursor.fetchall()
+        _audit(OperatorActionKind.SET_KEY_LIMIT, actor, reason, [], int(before != max_running),
+               {"key": key, "max_running": max_running, "before": before,
+                "admitted": admitted}, using)
+    return admitted
 
 
 def unique_ids(ids: Iterable[int]) -> list[int]:

@@ -46,6 +46,10 @@ TRACEPARENT_MAX_LENGTH = 128
 TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[0-9a-zA-Z._-]+)*",
                          re.ASCII)
 FAIRNESS_KEY_MAX_LENGTH = 200
+# A job's limit key is its limit's name, ':', and the key its payload gives (a Limit). Each
+# unit of a limit is a row (a slot), so a limit counts up to this many.
+LIMIT_KEY_MAX_LENGTH = 255
+MAX_RUNNING_LIMIT = 10_000
 MAX_ATTEMPTS_LIMIT = 1_000_000
 LEASE_MAX_SECONDS = 7 * 24 * 3600
 # The longest delay or max age a job may have: ten years. Past that a value is a mistake (a
@@ -256,6 +260,16 @@ OPTION_RULES: dict[str, Callable[[object], str | None]] = {
     "trace_id": lambda v: text_problem(v, TRACE_MAX_LENGTH, allow_empty=True),
     "fairness_key": lambda v: text_problem(v, FAIRNESS_KEY_MAX_LENGTH),
 }
+
+
+def max_running_problem(value: object) -> str | None:
+    """How many jobs of one limit key may run at once."""
+    return whole_number_problem(value, 1, MAX_RUNNING_LIMIT)
+
+
+def limit_key_problem(value: object) -> str | None:
+    """A job's whole limit key (``name:key``), as the database stores it."""
+    return text_problem(value, LIMIT_KEY_MAX_LENGTH)
 
 
 def option_problem(option: str, value: object) -> str | None:

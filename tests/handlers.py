@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import connection
 
-from django_pgjobs import Permanent, RetryAfter, Snooze, Transient, job
+from django_pgjobs import Limit, Permanent, RetryAfter, Snooze, Transient, job
 from django_pgjobs.context import JobContext
 
 events: list[tuple[str, Any]] = []
@@ -216,3 +216,36 @@ def stuck_past_timeout(ctx: JobContext, payload: Any) -> str:
     gate.wait(30)
     events.append(("stuck-end", ctx.job_id))
     return "late"
+
+
+# --- limits (tests/test_limits.py) ----------------------------------------------------------------
+
+
+@job("tests.limited", limit=Limit(2, key=lambda p: p["customer"]))
+def limited(ctx: JobContext, payload: Any) -> None:
+    time.sleep(payload.get("seconds", 0))
+
+
+@job("tests.limited_by_fairness_key", limit=Limit(1, key="fairness_key"))
+def limited_by_fairness_key(ctx: JobContext, payload: Any) -> None:
+    return None
+
+
+@job("tests.capped", limit=Limit(1))
+def capped(ctx: JobContext, payload: Any) -> None:
+    return None
+
+
+@job("tests.shared_a", limit=Limit(1, name="provider"))
+def shared_a(ctx: JobContext, payload: Any) -> None:
+    return None
+
+
+@job("tests.shared_b", limit=Limit(1, name="provider"))
+def shared_b(ctx: JobContext, payload: Any) -> None:
+    return None
+
+
+@job("tests.limited_bad_key", limit=Limit(1, key=lambda p: p["customer"]))
+def limited_bad_key(ctx: JobContext, payload: Any) -> None:
+    return None

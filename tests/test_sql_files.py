@@ -19,6 +19,7 @@ OWNERS = {
     "pgjobs_attempt": {"jobs.sql": "transitions.py"},
     "pgjobs_receipt": {"receipts.sql": "receipts.py"},
     "pgjobs_schedule": {"schedules.sql": "schedules.py"},
+    "pgjobs_key_slot": {"limits.sql": "transitions.py"},
 }
 
 

@@ -25,6 +25,7 @@ from .names import find_task
 
 _STATUS = {
     JobStatus.SCHEDULED: TaskResultStatus.READY,
+    JobStatus.THROTTLED: TaskResultStatus.READY,  # waiting for its limit key's free slot
     JobStatus.READY: TaskResultStatus.READY,
     JobStatus.RETRYING: TaskResultStatus.READY,  # "ready to be executed again"
     JobStatus.RUNNING: TaskResultStatus.RUNNING,

@@ -287,46 +287,49 @@ SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM attempts)
 -- PostgreSQL delivers it only if the caller's transaction commits.
 -- Its rows: what a combination of task and options gives its jobs comes as one array per
 -- column, an element per combination; each job's own values as one JSON document, a JSON array
--- per job: its combination's number, its payload, then its schedule id, tick and traceparent
--- when it has them. The jobs are inserted, and answered, in the document's order. One job alone
+-- per job: its combination's number, its payload, then its schedule id, tick, traceparent and
+-- limit key when it has any of them. A job with a limit key is inserted ready and waits as
+-- throttled unless a slot of its key is free (the triggers of docs/limits.md). The jobs are
+-- inserted, and answered, in the document's order. One job alone
 -- goes through insert_job, planned faster.
 WITH inserted AS (
     INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
                             run_at, attempts, max_attempts, snoozes, deadline, lease_seconds,
                             idempotency_key, unique_key, unique_period_start, timeout_seconds,
-                            trace_id, fairness_key, schedule_id, scheduled_at, traceparent,
-                            failure_class,
-                            terminal_reason, last_error, created_at, updated_at)
+                            trace_id, fairness_key, limit_key, limit_max, schedule_id,
+                            scheduled_at, traceparent, failure_class, terminal_reason,
+                            last_error, created_at, updated_at)
     SELECT t.task, t.payload_version, t.queue, t.payload::jsonb,
            CASE WHEN t.due > now() THEN 'scheduled' ELSE 'ready' END,
            t.priority, t.priority, t.due, 0, t.max_attempts, 0,
            now() + make_interval(secs => t.max_age_seconds), t.lease_seconds,
            t.idempotency_key, t.unique_key,
            to_timestamp(floor(extract(epoch FROM now()) / t.unique_period) * t.unique_period),
-           t.timeout_seconds, t.trace_id, t.fairness_key, t.schedule_id, t.scheduled_at,
-           t.traceparent, '', '', '', now(), now()
+           t.timeout_seconds, t.trace_id, t.fairness_key, t.limit_key, t.limit_max,
+           t.schedule_id, t.scheduled_at, t.traceparent, '', '', '', now(), now()
     FROM (
         SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay_seconds)) AS due
         FROM (
             SELECT c.task, c.payload_version, c.queue, j.value -> 1, c.priority, c.run_at,
                    c.delay_seconds, c.max_attempts, c.max_age_seconds, c.lease_seconds,
                    c.idempotency_key, c.unique_key, c.unique_period, c.timeout_seconds,
-                   c.trace_id, c.fairness_key, (j.value ->> 2)::bigint,
-                   (j.value ->> 3)::timestamptz, j.value ->> 4
+                   c.trace_id, c.fairness_key, c.limit_max, (j.value ->> 2)::bigint,
+                   (j.value ->> 3)::timestamptz, j.value ->> 5, j.value ->> 4
             FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS j(value, place)
             JOIN unnest(%s::text[], %s::int[], %s::text[], %s::int[], %s::timestamptz[],
                         %s::float8[], %s::int[], %s::float8[], %s::int[], %s::text[],
-                        %s::text[], %s::float8[], %s::float8[], %s::text[], %s::text[])
+                        %s::text[], %s::float8[], %s::float8[], %s::text[], %s::text[],
+                        %s::int[])
                  WITH ORDINALITY AS c(task, payload_version, queue, priority, run_at,
                                       delay_seconds, max_attempts, max_age_seconds,
                                       lease_seconds, idempotency_key, unique_key, unique_period,
-                                      timeout_seconds, trace_id, fairness_key, number)
+                                      timeout_seconds, trace_id, fairness_key, limit_max, number)
               ON c.number = (j.value ->> 0)::bigint
             ORDER BY j.place
         ) AS u(task, payload_version, queue, payload, priority, run_at, delay_seconds,
                max_attempts, max_age_seconds, lease_seconds, idempotency_key, unique_key,
-               unique_period, timeout_seconds, trace_id, fairness_key, schedule_id,
-               scheduled_at, traceparent)
+               unique_period, timeout_seconds, trace_id, fairness_key, limit_max, schedule_id,
+               scheduled_at, limit_key, traceparent)
     ) AS t
     -- Any unique index: the idempotency key's, the unique key's (while active, per period), the
     -- schedule tick's.
@@ -349,8 +352,9 @@ FROM inserted AS i
 INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
                         run_at, attempts, max_attempts, snoozes, deadline, lease_seconds,
                         idempotency_key, unique_key, unique_period_start, timeout_seconds,
-                        trace_id, fairness_key, schedule_id, scheduled_at, traceparent,
-                        failure_class, terminal_reason, last_error, created_at, updated_at)
+                        trace_id, fairness_key, limit_key, limit_max, schedule_id,
+                        scheduled_at, traceparent, failure_class, terminal_reason, last_error,
+                        created_at, updated_at)
 VALUES (%(task)s, %(payload_version)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN COALESCE(%(run_at)s::timestamptz,
                            now() + make_interval(secs => %(delay_seconds)s::float8)) > now()
@@ -361,8 +365,9 @@ VALUES (%(task)s, %(payload_version)s, %(queue)s, %(payload)s::jsonb,
         %(lease_seconds)s, %(idempotency_key)s, %(unique_key)s,
         to_timestamp(floor(extract(epoch FROM now()) / %(unique_period)s::float8)
                      * %(unique_period)s::float8),
-        %(timeout_seconds)s::float8, %(trace_id)s, %(fairness_key)s, %(schedule_id)s::bigint,
-        %(scheduled_at)s::timestamptz, %(traceparent)s, '', '', '', now(), now())
+        %(timeout_seconds)s::float8, %(trace_id)s, %(fairness_key)s, %(limit_key)s,
+        %(limit_max)s::int, %(schedule_id)s::bigint, %(scheduled_at)s::timestamptz,
+        %(traceparent)s, '', '', '', now(), now())
 ON CONFLICT DO NOTHING
 -- Read back by column name, like insert_jobs' answer.
 RETURNING id, task, idempotency_key, unique_key, schedule_id, scheduled_at, status, run_at,
@@ -377,7 +382,7 @@ SELECT id FROM pgjobs_job
 WHERE task = %(task)s AND unique_key = %(key)s
   AND CASE WHEN %(period)s::float8 IS NULL
            THEN unique_period_start IS NULL
-                AND status IN ('scheduled', 'ready', 'running', 'retrying')
+                AND status IN ('scheduled', 'throttled', 'ready', 'running', 'retrying')
            ELSE unique_period_start = to_timestamp(
                     floor(extract(epoch FROM now()) / %(period)s::float8) * %(period)s::float8)
       END

@@ -11,7 +11,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from django_pgjobs import Permanent, Transient, job
+from django_pgjobs import Limit, Permanent, Transient, job
 from django_pgjobs.context import JobContext
 
 from .models import LedgerEntry, Order
@@ -134,3 +134,10 @@ def sleep_process(ctx: JobContext, payload: dict[str, Any]) -> int:
     which process ran it."""
     time.sleep(payload.get("seconds", 0.0))
     return os.getpid()
+
+
+@job("demo.export", lease=timedelta(seconds=2), limit=Limit(1, key=lambda p: p["customer"]))
+def export(ctx: JobContext, payload: dict[str, Any]) -> float:
+    """One export per customer at a time, however many workers run: sleeps ``seconds``."""
+    time.sleep(payload.get("seconds", 0.05))
+    return payload.get("seconds", 0.05)

@@ -1,0 +1,49 @@
+-- The per-key limits' slots (pgjobs_key_slot). The triggers of pgjobs_job take and free them as
+-- jobs start waiting, become ready and end their runs (docs/limits.md); these statements are the
+-- maintenance that catches what those cannot see, and an operator's change of a key's limit.
+
+-- name: orphaned_slots
+-- Held slots whose holder does not hold them as this statement sees it: gone (deleted), or
+-- changed by a writer the triggers did not see. Locked, skipping any another transaction holds
+-- (it may be taking or freeing it); free_orphaned_slots reads them again after the lock.
+SELECT s.key, s.n, s.job_id
+FROM pgjobs_key_slot AS s
+WHERE s.job_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM pgjobs_job AS j
+                  WHERE j.id = s.job_id AND j.limit_key = s.key AND j.limit_slot = s.n
+                    AND j.status IN ('ready', 'running'))
+LIMIT %(batch)s
+FOR UPDATE OF s SKIP LOCKED
+
+-- name: free_orphaned_slots
+-- Free the slots orphaned_slots locked whose holder still does not hold them. This statement's
+-- snapshot is taken after the lock: a holder that committed in between is seen, and keeps its
+-- slot.
+UPDATE pgjobs_key_slot AS s
+SET job_id = NULL
+FROM jsonb_to_recordset(%(slots)s::jsonb) AS o(key text, n int, job_id bigint)
+WHERE s.key = o.key AND s.n = o.n AND s.job_id = o.job_id
+  AND NOT EXISTS (SELECT 1 FROM pgjobs_job AS j
+                  WHERE j.id = s.job_id AND j.limit_key = s.key AND j.limit_slot = s.n
+                    AND j.status IN ('ready', 'running'))
+RETURNING s.key, s.n, o.job_id
+
+-- name: admit_waiting_keys
+-- Keys with a free slot and a throttled job, and what each gave: a slot freed while the job that
+-- would have taken it was not yet committed (so the freeing statement could not see it) is
+-- given here. Each key's limit as its oldest throttled job was enqueued with.
+SELECT k.key, pgjobs_limit_admit(k.key, k.limit_max) AS admitted
+FROM (SELECT DISTINCT ON (s.key) s.key, j.limit_max
+      FROM pgjobs_key_slot AS s
+      JOIN pgjobs_job AS j ON j.limit_key = s.key AND j.status = 'throttled'
+      WHERE s.job_id IS NULL
+      ORDER BY s.key, j.run_at
+      LIMIT %(batch)s) AS k
+
+-- name: make_key_slots
+-- A key's slots up to a limit an operator raised (an enqueue makes those its own limit needs).
+SELECT pgjobs_limit_slots(%(key)s, %(max_running)s)
+
+-- name: admit_key
+-- Give a key's free slots to its throttled jobs now (after its limit was raised); how many.
+SELECT pgjobs_limit_admit(%(key)s, %(max_running)s)

@@ -1,0 +1,413 @@
+"""Per-key concurrency limits: at most max_running jobs of one key ready or running at any
+instant, held by the database for every writer, freed by the statement that ends a run."""
+
+from __future__ import annotations
+
+import math
+import signal
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
+
+import django_pgjobs
+from django_pgjobs import InvalidJobOption, InvalidLimitKey, Limit
+from django_pgjobs.enqueuing import JobSpec
+from django_pgjobs.models import Attempt, Job, KeyLimit, KeySlot, OperatorAction
+from django_pgjobs.outcomes import Outcome
+from django_pgjobs.retry import Decision
+from django_pgjobs.status import FailureClass, JobStatus, TerminalReason
+from django_pgjobs.transitions import (
+    Actor,
+    admit_waiting_keys,
+    cancel_jobs,
+    claim_jobs,
+    dead_letter_jobs,
+    free_orphaned_slots,
+    promote_jobs_due_by,
+    rescue_expired_leases,
+    retry_jobs,
+    set_key_limit,
+    settle,
+)
+from tests.conftest import succeeded, wait_for
+
+pytestmark = pytest.mark.django_db
+
+
+def statuses(*jobs: Job) -> list[str]:
+    return [Job.objects.get(pk=j.pk).status for j in jobs]
+
+
+def held(key: str) -> dict[int, int | None]:
+    """The slots of ``key``: slot number -> the job holding it."""
+    return dict(KeySlot.objects.filter(key=key).values_list("n", "job_id"))
+
+
+def enqueue_for(customer: str, n: int, **options: Any) -> list[Job]:
+    return [django_pgjobs.enqueue("tests.limited", {"customer": customer, "i": i}, **options)
+            for i in range(n)]
+
+
+# --- declaring a limit ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Limit(0), "max_running must be a whole number from 1 to 10000, got 0"),
+    (lambda: Limit(-1), "got -1"),
+    (lambda: Limit(math.nan), "got nan"),  # type: ignore[arg-type]
+    (lambda: Limit(math.inf), "got inf"),  # type: ignore[arg-type]
+    (lambda: Limit(True), "got True"),
+    (lambda: Limit(2.5), "got 2.5"),  # type: ignore[arg-type]
+    (lambda: Limit(10_001), "got 10001"),
+    (lambda: Limit(1, key=5), "key must be a function of the payload"),  # type: ignore[arg-type]
+    (lambda: Limit(1, key="customer"), "got 'customer'"),
+    (lambda: Limit(1, name="two words"), "Limit name must be a task name"),
+    (lambda: django_pgjobs.job("tests.not_a_limit", limit=2)(lambda ctx, p: None),
+     "limit must be a django_pgjobs.Limit"),
+])
+def test_a_bad_limit_is_refused_where_it_is_declared(make, message) -> None:
+    with pytest.raises(InvalidJobOption, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make()
+
+
+@pytest.mark.parametrize(("payload", "options", "message"), [
+    ({}, {}, r"the limit key function raised KeyError: \"'customer'\""),
+    ({"customer": 42}, {}, "function must return a string, returned int"),
+    ({"customer": "x" * 300}, {}, "must be at most 255 characters"),
+    ({"customer": "a\nb"}, {}, "must not contain control characters"),
+])
+def test_a_key_function_that_fails_is_refused_before_any_sql(payload, options, message) -> None:
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as queries, pytest.raises(InvalidLimitKey,
+                                                                          match=message):
+            django_pgjobs.enqueue("tests.limited_bad_key", payload, **options)
+        assert queries.captured_queries == []
+        # The caller's transaction goes on: the next enqueue works in it.
+        django_pgjobs.enqueue("tests.ok", {})
+    assert list(Job.objects.values_list("task", flat=True)) == ["tests.ok"]
+
+
+def test_a_fairness_key_limit_needs_the_jobs_fairness_key() -> None:
+    with pytest.raises(InvalidLimitKey, match="give fairness_key= when enqueueing"):
+        django_pgjobs.enqueue("tests.limited_by_fairness_key", {})
+    job = django_pgjobs.enqueue("tests.limited_by_fairness_key", {}, fairness_key="acme")
+    assert job.limit_key == "tests.limited_by_fairness_key:acme"
+
+
+# --- at most max_running ready or running ---------------------------------------------------------
+
+
+def test_jobs_past_a_keys_limit_wait_throttled_and_other_keys_do_not() -> None:
+    acme = enqueue_for("acme", 4)
+    other = enqueue_for("other", 1)
+    assert [j.status for j in acme + other] == ["ready", "ready", "throttled", "throttled",
+                                                "ready"]
+    assert statuses(*acme, *other) == [j.status for j in acme + other]
+    assert held("tests.limited:acme") == {0: acme[0].pk, 1: acme[1].pk}
+    assert held("tests.limited:other") == {0: other[0].pk, 1: None}
+    claimed = claim_jobs("w", "default", 10)
+    assert sorted(c.id for c in claimed) == sorted([acme[0].pk, acme[1].pk, other[0].pk])
+
+
+def test_a_bulk_enqueue_keeps_the_limit_and_answers_each_jobs_state() -> None:
+    jobs = django_pgjobs.enqueue_many([JobSpec.of("tests.limited", {"customer": c})
+                                       for c in ("a", "b", "a", "a", "b", "b")])
+    assert [j.status for j in jobs] == ["ready", "ready", "ready", "throttled", "ready",
+                                        "throttled"]
+    assert statuses(*jobs) == [j.status for j in jobs]
+    assert [j.limit_key for j in jobs[:2]] == ["tests.limited:a", "tests.limited:b"]
+
+
+def test_a_limit_without_a_key_caps_the_handler_and_a_shared_name_caps_its_handlers() -> None:
+    capped = [django_pgjobs.enqueue("tests.capped", {"i": i}) for i in range(2)]
+    shared = [django_pgjobs.enqueue(task, {}) for task in ("tests.shared_a", "tests.shared_b")]
+    assert [j.status for j in capped + shared] == ["ready", "throttled", "ready", "throttled"]
+    assert {j.limit_key for j in shared} == {"provider:"}
+
+
+def test_the_statement_that_ends_a_run_gives_its_slot_to_the_keys_next_job() -> None:
+    first, second = enqueue_for("acme", 2)
+    low, high = (django_pgjobs.enqueue("tests.limited", {"customer": "acme"}, priority=p)
+                 for p in (0, 5))
+    [c1, _] = claim_jobs("w", "default", 10)
+    with CaptureQueriesContext(connection) as queries:
+        settle([succeeded(c1)])
+    assert len([q for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]) == 1
+    # The higher priority goes first, as the claim would take it.
+    assert statuses(first, second, low, high) == ["succeeded", "running", "throttled", "ready"]
+    assert held("tests.limited:acme")[Job.objects.get(pk=high.pk).limit_slot] == high.pk
+
+
+def claimed_one(customer: str = "acme") -> tuple[Any, Job]:
+    """A running job of ``customer``, another holding the key's other slot, and one waiting."""
+    enqueue_for(customer, 1)
+    [c] = claim_jobs("w", "default", 1)
+    enqueue_for(customer, 1)  # holds the other slot, and stays ready
+    waiting = enqueue_for(customer, 1)[0]
+    assert waiting.status == "throttled"
+    return c, waiting
+
+
+def transient(c: Any) -> Outcome:
+    return Outcome.failed(c, FailureClass.TRANSIENT, Decision(JobStatus.RETRYING, 30, ""),
+                          error="boom")
+
+
+@pytest.mark.parametrize(("outcome", "status"), [
+    (lambda c: Outcome.succeeded(c, "null", 1), "succeeded"),
+    (transient, "retrying"),
+    (lambda c: Outcome.failed(c, FailureClass.PERMANENT,
+                              Decision(JobStatus.DEAD, None, TerminalReason.PERMANENT_ERROR),
+                              error="no"), "dead"),
+    (lambda c: Outcome.failed(c, FailureClass.TIMEOUT, Decision(JobStatus.RETRYING, 1, ""),
+                              error="timed out"), "retrying"),
+    (lambda c: Outcome.cancelled(c, "stop"), "cancelled"),
+    (lambda c: Outcome.snoozed(c, 60, 1), "scheduled"),
+])
+def test_every_way_out_of_running_frees_the_slot(outcome, status) -> None:
+    c, waiting = claimed_one()
+    assert settle([outcome(c)]) == {c.lease_token: True}
+    assert statuses(Job(pk=c.id), waiting) == [status, "ready"]
+
+
+def test_a_job_handed_back_unstarted_keeps_its_slot() -> None:
+    c, waiting = claimed_one()
+    settle([Outcome.released(c, "worker stopping")])
+    assert statuses(Job(pk=c.id), waiting) == ["ready", "throttled"]
+    assert c.id in held("tests.limited:acme").values()
+
+
+def test_a_stale_report_frees_nothing() -> None:
+    c, waiting = claimed_one()
+    forged = uuid.uuid4()
+    assert settle([succeeded(c, token=forged)]) == {forged: False}
+    assert statuses(Job(pk=c.id), waiting) == ["running", "throttled"]
+
+
+def test_a_rescued_lease_frees_the_slot_of_a_worker_that_died() -> None:
+    c, waiting = claimed_one()
+    Job.objects.filter(pk=c.id).update(lease_expires_at=Now() - timedelta(seconds=1))
+    [rescued] = rescue_expired_leases(10)
+    assert rescued.job_id == c.id
+    assert statuses(Job(pk=c.id), waiting) == ["retrying", "ready"]
+
+
+def test_operators_cancel_and_dead_letter_free_slots_and_a_retry_waits_for_one() -> None:
+    holder, other, waiting = enqueue_for("acme", 3)
+    assert cancel_jobs([holder.pk], actor=Actor("op")) == (1, 0)
+    assert statuses(holder, other, waiting) == ["cancelled", "ready", "ready"]
+    assert dead_letter_jobs([waiting.pk], "stuck", actor=Actor("op")) == 1
+    third = enqueue_for("acme", 1)[0]
+    assert third.status == "ready"
+    # Retried, the cancelled job is due again: it waits for a slot like any other.
+    assert retry_jobs([holder.pk], actor=Actor("op")) == 1
+    assert statuses(holder, other, third) == ["throttled", "ready", "ready"]
+
+
+def test_a_retry_promoted_when_due_waits_for_a_slot() -> None:
+    c, waiting = claimed_one()
+    settle([transient(c)])  # retrying; its slot went to the waiting job
+    assert statuses(waiting) == ["ready"]
+    promote_jobs_due_by(Job.objects.get(pk=c.id).run_at, 10)
+    assert statuses(Job(pk=c.id)) == ["throttled"]
+
+
+def test_a_duplicate_enqueue_that_a_unique_index_refuses_takes_no_slot() -> None:
+    first = django_pgjobs.enqueue("tests.limited", {"customer": "acme"}, idempotency_key="k")
+    again = django_pgjobs.enqueue("tests.limited", {"customer": "acme"}, idempotency_key="k")
+    assert (first.pk, first.created, again.created) == (again.pk, True, False)
+    assert first.status == "throttled"  # keyed: it waited, then took its slot after the insert
+    assert statuses(first) == ["ready"]
+    assert held("tests.limited:acme") == {0: first.pk, 1: None}
+    assert enqueue_for("acme", 2)[1].status == "throttled"
+
+
+# --- never waiting, never over: other transactions ------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_held_open_elsewhere_leaves_nothing_of_its_key_to_claim(other_connection) -> None:
+    django_pgjobs.enqueue("tests.capped", {"i": 1})
+    second = django_pgjobs.enqueue("tests.capped", {"i": 2})
+    other_connection.set_autocommit(False)
+    try:
+        with other_connection.cursor() as cursor:
+            cursor.execute("SELECT id FROM pgjobs_job WHERE status = 'ready' FOR UPDATE")
+        # Another worker's claim has the key's one ready job locked and uncommitted: this one
+        # gets nothing of the key, and does not wait.
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        assert claim_jobs("w2", "default", 10) == []
+        third = django_pgjobs.enqueue("tests.capped", {"i": 3})
+        assert statuses(second, third) == ["throttled", "throttled"]
+    finally:
+        other_connection.rollback()
+        other_connection.set_autocommit(True)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_uncommitted_enqueue_holds_its_slot_and_others_skip_it(other_connection) -> None:
+    # The key's slots exist (made by its first enqueue, committed): only a brand-new key's
+    # first enqueue makes them, and a concurrent enqueue of that key waits for it.
+    cancel_jobs([django_pgjobs.enqueue("tests.capped", {}).pk])
+    other_connection.set_autocommit(False)
+    try:
+        with other_connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        with transaction.atomic():  # ours, open while the other enqueues
+            mine = django_pgjobs.enqueue("tests.capped", {"who": "first"})
+            assert mine.status == "ready"
+            with other_connection.cursor() as cursor:
+                # The same statement enqueue sends, on the other connection: the slot is
+                # locked by our open transaction, skipped, and the job waits.
+                cursor.execute(
+                    "INSERT INTO pgjobs_job (task, payload_version, queue, payload, status,"
+                    " priority, base_priority, attempts, max_attempts, snoozes, lease_seconds,"
+                    " trace_id, failure_class, terminal_reason, last_error, limit_key, limit_max)"
+                    " VALUES ('tests.capped', 1, 'default', '{}', 'ready', 0, 0, 0, 3, 0, 60,"
+                    " '', '', '', '', 'tests.capped:', 1) RETURNING id, status")
+                [(other_id, other_status)] = cursor.fetchall()
+            assert other_status == "throttled"
+        other_connection.commit()
+        assert statuses(mine, Job(pk=other_id)) == ["ready", "throttled"]
+        assert Job.objects.filter(status="ready").count() == 1
+    finally:
+        other_connection.rollback()
+        other_connection.set_autocommit(True)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slot_freed_before_its_waiting_job_committed_is_given_by_the_next_step(
+    other_connection,
+) -> None:
+    holder = django_pgjobs.enqueue("tests.capped", {})
+    [c] = claim_jobs("w", "default", 1)
+    other_connection.set_autocommit(False)
+    try:
+        with other_connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO pgjobs_job (task, payload_version, queue, payload, status,"
+                " priority, base_priority, attempts, max_attempts, snoozes, lease_seconds,"
+                " trace_id, failure_class, terminal_reason, last_error, limit_key, limit_max)"
+                " VALUES ('tests.capped', 1, 'default', '{}', 'ready', 0, 0, 0, 3, 0, 60,"
+                " '', '', '', '', 'tests.capped:', 1) RETURNING id, status")
+            [(late_id, late_status)] = cursor.fetchall()
+        assert late_status == "throttled"
+        # The settle frees the slot; the job that would take it is not committed, not seen.
+        settle([succeeded(c)])
+        other_connection.commit()
+    finally:
+        other_connection.rollback()
+        other_connection.set_autocommit(True)
+    assert statuses(holder, Job(pk=late_id)) == ["succeeded", "throttled"]
+    assert admit_waiting_keys(100) == 1
+    assert statuses(Job(pk=late_id)) == ["ready"]
+    assert admit_waiting_keys(100) == 0
+
+
+def test_a_slot_whose_holder_is_gone_is_freed_and_logged(caplog) -> None:
+    from django_pgjobs.maintenance import orphaned_slots_step
+
+    gone = enqueue_for("acme", 1)[0]
+    enqueue_for("acme", 1)
+    waiting = enqueue_for("acme", 1)[0]
+    Job.objects.filter(pk=gone.pk).delete()  # a delete frees nothing: no trigger sees it
+    assert held("tests.limited:acme")[0] == gone.pk
+    with caplog.at_level("ERROR", logger="django_pgjobs.maintenance"):
+        assert orphaned_slots_step() == 1
+    assert f"limit.orphaned_slot key=tests.limited:acme slot=0 job={gone.pk}" in caplog.text
+    assert held("tests.limited:acme")[0] is None and statuses(waiting) == ["throttled"]
+    assert admit_waiting_keys(100) == 1
+    assert statuses(waiting) == ["ready"]
+    assert free_orphaned_slots(100) == []
+
+
+def test_an_operator_limit_raises_and_lowers_a_keys_limit_and_is_audited() -> None:
+    jobs = enqueue_for("acme", 5)
+    assert [j.status for j in jobs] == ["ready"] * 2 + ["throttled"] * 3
+    assert set_key_limit("tests.limited:acme", 4, actor=Actor("op"), reason="big tenant") == 2
+    assert statuses(*jobs) == ["ready"] * 4 + ["throttled"]
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.actor_name, audit.detail) == (
+        "set_key_limit", "op", {"key": "tests.limited:acme", "max_running": 4, "before": None,
+                                "admitted": 2})
+    # Lowered to 1 with four held: nothing new starts until the held ones are down to none
+    # above the new limit, and none is interrupted.
+    assert set_key_limit("tests.limited:acme", 1) == 0
+    claimed = {c.id: c for c in claim_jobs("w", "default", 10)}
+    assert len(claimed) == 4
+    for job in jobs[:3]:
+        settle([succeeded(claimed[job.pk])])
+        assert statuses(jobs[4]) == ["throttled"]
+    settle([succeeded(claimed[jobs[3].pk])])
+    assert statuses(jobs[4]) == ["ready"]
+    assert KeyLimit.objects.get().max_running == 1
+
+
+@pytest.mark.parametrize(("key", "max_running", "message"), [
+    ("", 2, "key must not be empty"),
+    ("k", 0, "max_running must be a whole number from 1 to 10000"),
+    ("k", 2.0, "max_running must be a whole number"),
+])
+def test_a_bad_operator_limit_is_refused_and_writes_nothing(key, max_running, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        set_key_limit(key, max_running)
+    assert not KeyLimit.objects.exists() and not OperatorAction.objects.exists()
+
+
+# --- real workers ---------------------------------------------------------------------------------
+
+
+def overlap(windows: list[tuple[Any, Any]]) -> int:
+    """The most of ``windows`` (start, end) open at one instant."""
+    events = sorted([(start, 1) for start, _ in windows] + [(end, -1) for _, end in windows],
+                    key=lambda e: (e[0], e[1]))
+    most = current = 0
+    for _, step in events:
+        current += step
+        most = max(most, current)
+    return most
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_workers_never_run_more_of_a_key_than_its_limit_and_a_killed_one_frees_its_slot(
+    start_worker,
+) -> None:
+    hang = django_pgjobs.enqueue("demo.export", {"customer": "hang", "seconds": 30},
+                                 priority=10, max_attempts=1)
+    jobs = django_pgjobs.enqueue_many(
+        [JobSpec.of("demo.export", {"customer": f"c{i % 3}", "seconds": 0.05}) for i in range(30)])
+    victim = start_worker("--worker-id", "victim", "--concurrency", "1", "--batch-size", "1")
+    wait_for(lambda: Job.objects.get(pk=hang.pk).status == "running", 30)
+    victim.signal(signal.SIGKILL)
+    victim.wait(10)
+    hang_again = django_pgjobs.enqueue("demo.export", {"customer": "hang", "seconds": 0.05})
+    assert statuses(hang_again) == ["throttled"]
+    # Three workers of four executors each, against keys of limit 1.
+    for n in range(3):
+        start_worker("--worker-id", f"w{n}", "--concurrency", "4")
+    # The dead worker's lease (2 s) runs out, the rescue frees its slot, the next job runs.
+    wait_for(lambda: Job.objects.get(pk=hang_again.pk).status == "succeeded", 60,
+             what=lambda: str(statuses(hang, hang_again)))
+    assert statuses(hang) == ["dead"]
+    wait_for(lambda: Job.objects.filter(pk__in=[j.pk for j in jobs],
+                                        status="succeeded").count() == 30, 60)
+    by_key: dict[str, list[tuple[Any, Any]]] = {}
+    for key, claimed_at, finished_at in Attempt.objects.filter(
+            job__task="demo.export").values_list("job__limit_key", "claimed_at", "finished_at"):
+        by_key.setdefault(key, []).append((claimed_at, finished_at))
+    assert set(by_key) >= {"demo.export:c0", "demo.export:c1", "demo.export:c2",
+                           "demo.export:hang"}
+    assert {key: overlap(windows) for key, windows in by_key.items()} == dict.fromkeys(by_key, 1)
