@@ -24,7 +24,8 @@ SAMPLE_LIMIT = 10_000  # most recent attempts a latency figure is computed from
 LEASE_SOON_SECONDS = 10.0
 THROUGHPUT_MINUTES = 60
 
-LIVE_STATUSES = (JobStatus.READY, JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.RETRYING)
+LIVE_STATUSES = (JobStatus.READY, JobStatus.THROTTLED, JobStatus.SCHEDULED, JobStatus.RUNNING,
+                 JobStatus.RETRYING)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class QueueStats:
 
     queue: str
     ready: int = 0
+    # Due, waiting for a slot of their limit key (docs/limits.md).
+    throttled: int = 0
     scheduled: int = 0
     running: int = 0
     retrying: int = 0
@@ -173,7 +176,8 @@ class Snapshot:
 def queue_stats(
     *, recent_seconds: float = RECENT_SECONDS, using: str = DEFAULT_DB_ALIAS
 ) -> list[QueueStats]:
-    """Per queue: ready, scheduled, running, retrying, recent dead and cancelled, backlog age.
+    """Per queue: ready, throttled, scheduled, running, retrying, recent dead and cancelled,
+    backlog age.
 
     Queues with nothing to count still appear when PGJOBS_QUEUES declares them or the backlog
     policy names them.

@@ -293,7 +293,7 @@ def test_stats_command_prints_the_tables() -> None:
         text = run_stats()
 
     row = next(line for line in text.splitlines() if line.startswith("mail "))
-    assert row.split()[:7] == ["mail", "2", "0", "0", "2", "0", "0"]
+    assert row.split()[:8] == ["mail", "2", "0", "0", "0", "2", "0", "0"]
     assert row.split()[-3:] == ["60.0", "UNHEALTHY", "running"]
     failure = next(line for line in text.splitlines() if line.startswith("transient "))
     assert failure.split() == ["transient", "tests.transient", "1"]
@@ -305,7 +305,7 @@ def test_stats_command_json_matches_the_snapshot() -> None:
     JobFactory.create_batch(3, queue="mail")
     data = json.loads(run_stats("--json"))
     assert data["queues"] == [{
-        "queue": "mail", "ready": 3, "scheduled": 0, "running": 0, "retrying": 0,
+        "queue": "mail", "ready": 3, "throttled": 0, "scheduled": 0, "running": 0, "retrying": 0,
         "dead_recent": 0, "cancelled_recent": 0,
         "oldest_ready_age_seconds": data["queues"][0]["oldest_ready_age_seconds"],
         "backlog_max_age_seconds": None, "paused": False, "healthy": True,

@@ -23,8 +23,8 @@ from .display import duration_text, jobs_text, time_text
 CHART_WIDTH = 720
 CHART_HEIGHT = 200
 CHART_MARGIN = 36  # room for the axis labels
-COUNTED_STATUSES = (JobStatus.READY, JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.RETRYING,
-                    JobStatus.DEAD)
+COUNTED_STATUSES = (JobStatus.READY, JobStatus.THROTTLED, JobStatus.SCHEDULED, JobStatus.RUNNING,
+                    JobStatus.RETRYING, JobStatus.DEAD)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ SELECT queue, 'running', count(*) FROM pgjobs_job
 WHERE status = 'running'
 GROUP BY queue
 UNION ALL
+SELECT queue, 'throttled', count(*) FROM pgjobs_job
+WHERE status = 'throttled'
+GROUP BY queue
+UNION ALL
 SELECT queue, status, count(*) FROM pgjobs_job
 WHERE status IN ('scheduled', 'retrying')
 GROUP BY queue, status

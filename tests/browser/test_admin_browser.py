@@ -152,8 +152,9 @@ def test_the_dashboard_renders(
     page.click("#pgjobs-dashboard-link")
     expect(page.locator("h1")).to_have_text("Job queue dashboard")
     mail = page.locator("#pgjobs-queues tr", has_text="mail")
-    expect(mail.locator("td").nth(0)).to_have_text("3")
-    expect(mail.locator("td").nth(2)).to_have_text("1")
+    expect(mail.locator("td").nth(0)).to_have_text("3")  # ready
+    expect(mail.locator("td").nth(1)).to_have_text("0")  # throttled
+    expect(mail.locator("td").nth(3)).to_have_text("1")  # running
     expect(page.locator("svg#pgjobs-throughput")).to_be_visible()
     expect(page.locator("#pgjobs-failures")).to_be_visible()
     screenshot("dashboard")
