@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db.models.functions import Now
 
-from django_pgjobs import job
+from django_pgjobs import Limit, job
 from django_pgjobs.context import JobContext
 
 from .models import Effect, Run
@@ -333,5 +333,14 @@ def scheduled(ctx: JobContext, payload: dict[str, Any]) -> Any:
     """A schedule's job: work ``work_seconds`` (longer than the tick interval shows overlaps)."""
     run = _started(ctx, "chaos.scheduled")
     time.sleep(payload.get("work_seconds", 0.05))
+    _finished(run)
+    return {"attempt": ctx.attempt, "worker": ctx.worker_id}
+
+
+@job("chaos.limited", lease=LEASE, max_attempts=10, limit=Limit(2, key=lambda p: p["group"]))
+def limited(ctx: JobContext, payload: dict[str, Any]) -> Any:
+    """Work under a limit of two per group: the harness checks no group ever ran three."""
+    run = _started(ctx, "chaos.limited")
+    time.sleep(payload.get("work_seconds", 0.0))
     _finished(run)
     return {"attempt": ctx.attempt, "worker": ctx.worker_id}

@@ -26,7 +26,15 @@ from django_pgjobs.status import (
 )
 from django_pgjobs.worker.slots import START_CANCEL_FRESH_SECONDS
 from testproject.chaos.models import Effect, Run
-from tests.harness.records import PLAIN, POISON, RECEIPTED, RunRecord, Target
+from tests.harness.records import (
+    LIMITED,
+    LIMITED_RUNNING,
+    PLAIN,
+    POISON,
+    RECEIPTED,
+    RunRecord,
+    Target,
+)
 
 TERMINAL = {JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED}
 WAITING = {JobStatus.SCHEDULED, JobStatus.RETRYING}
@@ -151,7 +159,8 @@ def every_job_ended(snap: Snapshot, record: RunRecord) -> Check:
             counts["waiting"] += 1
         else:
             problems.append(f"job {job.pk} ({job.task}) is {job.status}, due {job.run_at}")
-    tracked = (record.bulk_keys + record.later_keys + record.flood.ordinary_keys
+    tracked = (record.bulk_keys + record.limited_keys + record.later_keys
+               + record.flood.ordinary_keys
                + record.flood.flood_keys + record.flood.poison_keys
                + [t.key for t in record.targets] + list(record.replays.calls)
                + record.lifecycle.queued_keys)
@@ -753,6 +762,38 @@ def skip_schedule_runs_one_job_at_a_time(snap: Snapshot) -> Check:
                   if not problems else f"{compared} compared")
 
 
+def limits_never_exceeded(snap: Snapshot) -> tuple[Check, dict[str, Any]]:
+    """At no instant did more attempts of one limit key run than its limit, by the attempts'
+    own windows (claim to end; a rescued attempt ends when its lease was taken back)."""
+    windows: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for job_id, attempts in snap.attempts.items():
+        job = snap.jobs[job_id]
+        if job.task != LIMITED:
+            continue
+        for attempt in attempts:
+            windows[job.limit_key or "-"].append((attempt.claimed_at,
+                                                  attempt.finished_at or snap.now))
+    most = {}
+    for key, spans in windows.items():
+        # Ends before starts at the same instant: a run that ended as the next began is not two.
+        events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+        running = peak = 0
+        for _, step in events:
+            running += step
+            peak = max(peak, running)
+        most[key] = peak
+    problems = [f"{key}: {peak} attempts ran at once, over its limit of {LIMITED_RUNNING}"
+                for key, peak in sorted(most.items()) if peak > LIMITED_RUNNING]
+    limited_jobs = sum(1 for j in snap.jobs.values() if j.task == LIMITED)
+    summary = (f"{limited_jobs} jobs under a limit of {LIMITED_RUNNING} per key, "
+               f"{sum(len(s) for s in windows.values())} attempts on {len(windows)} keys; most "
+               f"at once: {', '.join(f'{k} {v}' for k, v in sorted(most.items())) or 'none'}")
+    if limited_jobs == 0:
+        problems.append("no job under a limit ran: the check checked nothing")
+    return _check("no limit key ever ran more attempts at once than its limit", problems,
+                  summary), {"jobs": limited_jobs, "most_at_once": dict(sorted(most.items()))}
+
+
 def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dict[str, Any]]:
     """Run every check; return them and the run's figures."""
     snap = Snapshot.load()
@@ -760,6 +801,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
     flood, flood_figures = flood_check(snap, record)
     cancel_start, cancel_figures = no_start_after_a_cancel(snap)
     history, kept_beside = attempt_history_kept(snap)
+    limits, limit_figures = limits_never_exceeded(snap)
     checks = [
         every_job_ended(snap, record),
         leases_never_overlap(snap),
@@ -781,6 +823,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         attempt_counts_agree(snap),
         schedule_counters_match_jobs(snap, record),
         skip_schedule_runs_one_job_at_a_time(snap),
+        limits,
     ]
     statuses = Counter(j.status for j in snap.jobs.values())
     outcomes = Counter(a.outcome for rows in snap.attempts.values() for a in rows)
@@ -820,6 +863,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
             found["bystanders_reclaimed"]) if found["bystanders_reclaimed"] else None,
         "recovery_bound_s": recovery_bound_seconds(lease_seconds),
         "flood": flood_figures,
+        "limits": limit_figures,
         "replayed_enqueues": sum(len(v) for v in record.replays.calls.values()),
         "targets": {t.key: target_observed(snap, t) for t in record.targets},
         "wall_seconds": record.wall_seconds,

@@ -13,6 +13,9 @@ TICK = "chaos.tick"
 POISON = "chaos.poison"
 QUEUED = "chaos.queued"
 SCHEDULED = "chaos.scheduled"
+# At most LIMITED_RUNNING of its jobs with one group run at once (a Limit of its handler).
+LIMITED = "chaos.limited"
+LIMITED_RUNNING = 2
 
 
 @dataclass
@@ -129,6 +132,7 @@ class RunRecord:
     orphans: list[OrphanCheck] = field(default_factory=list)
     schedules: ScheduleEdits = field(default_factory=ScheduleEdits)
     bulk_keys: list[str] = field(default_factory=list)
+    limited_keys: list[str] = field(default_factory=list)
     later_keys: list[str] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)
     shutdown_codes: dict[str, int | None] = field(default_factory=dict)

@@ -23,6 +23,7 @@ from testproject.chaos.models import Effect, Run
 from tests.harness import db
 from tests.harness.pool import Member, WorkerPool
 from tests.harness.records import (
+    LIMITED,
     PLAIN,
     POISON,
     QUEUED,
@@ -113,8 +114,14 @@ class Feeder(threading.Thread):
                     )
                     for i, key in zip(range(n, n + size), keys, strict=True)
                 ]
+                # Every fourth also a job under a limit of two per group, three groups.
+                limited = [f"limited:{i}" for i in range(n, n + size) if i % 4 == 0]
+                specs += [JobSpec.of(LIMITED, {"group": f"g{int(key[8:]) % 3}",
+                                               "work_seconds": self.rng.uniform(0.05, 0.3)},
+                                     idempotency_key=key) for key in limited]
                 db.retrying(lambda specs=specs: django_pgjobs.enqueue_many(specs))
                 self.record.bulk_keys.extend(keys)
+                self.record.limited_keys.extend(limited)
                 n += size
                 self.halt.wait(step)
         except BaseException as exc:  # reported by the runner; a feeder must not die silently

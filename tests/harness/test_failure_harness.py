@@ -99,6 +99,9 @@ def test_the_run_injected_every_fault_and_lost_nothing(report: dict) -> None:
     assert figures["jobs_by_status"]["cancelled"] == 4 + figures["queued_cancelled"]
     assert figures["flood"]["ordinary"] == 20
     assert figures["recovery_targeted_max_s"] <= figures["recovery_bound_s"]
+    # Jobs under a limit of two per group ran beside the rest, and some group reached it.
+    assert figures["limits"]["jobs"] > 0
+    assert max(figures["limits"]["most_at_once"].values()) == 2
 
 
 def test_replayed_enqueues_returned_one_job_per_key(report: dict) -> None:
