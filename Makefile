@@ -17,7 +17,7 @@ MANAGE := $(PY) testproject/manage.py
 EMBEDDED := $(PY) -m testproject.embedded
 
 .PHONY: venv system-deps test test-quick demo admin lint chaos bench soak profile compare bench-async \
-	bench-lifecycle bench-remote clean
+	bench-lifecycle bench-limits bench-remote clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,8 @@ chaos: $(STAMP)
 #   make compare REV=HEAD~3            drain with this checkout and REV, interleaved, one run
 #   make bench-async                   one worker: async handlers next to executor threads on I/O
 #   make bench-lifecycle               how fast a cancel reaches each kind of handler, and a pause
+#   make bench-limits                  a drain under per-key limits beside an unlimited one, and
+#                                      a hot key's 10,000 jobs beside 1,000 others (head-of-line)
 #   make bench-remote                  as root: workers in two network namespaces, reaching the
 #                                      server through a delay proxy at 0, 1 and 5 ms added RTT;
 #                                      REMOTE_ARGS=--quick to check
@@ -110,6 +112,9 @@ bench-async: $(BENCH_STAMP)
 
 bench-lifecycle: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.lifecycle
+
+bench-limits: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.limits $(LIMITS_ARGS)
 
 bench-remote: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.remote $(REMOTE_ARGS)

@@ -7,7 +7,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from django_pgjobs import job
+from django_pgjobs import Limit, job
 from django_pgjobs.context import JobContext
 
 from .probe import report_start
@@ -68,3 +68,16 @@ async def cancel_async(ctx: JobContext, payload: dict[str, Any]) -> None:
     """An async handler awaiting for ever: the cancel cancels its task."""
     while True:
         await asyncio.sleep(0.01)
+
+
+# --- limits (bench/limits.py) ------------------------------------------------------------------
+
+
+@job("bench.limited", limit=Limit(2, key=lambda p: p["key"]))
+def limited(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Do nothing, at most two at once per key."""
+
+
+@job("bench.hot", limit=Limit(1, key=lambda p: p["key"]))
+def hot(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Do nothing, one at a time per key."""

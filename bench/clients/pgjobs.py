@@ -20,7 +20,8 @@ from django_pgjobs.transitions import claim_jobs, settle
 
 def reset() -> dict[str, Any]:
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE pgjobs_job, pgjobs_attempt, pgjobs_receipt RESTART IDENTITY")
+        cursor.execute("TRUNCATE pgjobs_job, pgjobs_attempt, pgjobs_receipt, pgjobs_key_slot,"
+                       " pgjobs_key_limit RESTART IDENTITY")
     return {}
 
 
