@@ -5,13 +5,16 @@
 In one run, on one database, interleaved:
 
 - **Unlimited**: ``--jobs`` no-op jobs, drained by ``--processes`` workers (burst mode).
-- **Limited**: as many no-op jobs under ``Limit(2)`` per key over 1,000 keys, drained alike.
-  The rate is taken between 5% and 95% done, like every drain of ``make bench``; the ratio
-  limited / unlimited is the cost of the limit (the target is at least 0.8).
+- **Limited, keys full**: as many no-op jobs under ``Limit(2)`` per key over 1,000 keys,
+  drained alike: 18 of each key's 20 jobs wait throttled, and each end of a run hands its slot
+  to the next. The rate is taken between 5% and 95% done, like every drain of ``make bench``;
+  the ratio limited / unlimited is the cost of the limit (the target is at least 0.8).
+- **Limited, keys not full**: as many jobs under ``Limit(2)``, each of its own key: every job
+  takes a slot as it is enqueued and none waits; the cost of the slots alone.
 - **Head-of-line**: 10,000 jobs of one key at limit 1, enqueued first, beside 100 keys of 10
-  jobs each (limit 1 too). Reported: how long the 1,000 others take to finish, against 1,000
-  unlimited jobs drained alone by the same workers. A limit that blocked the line would make the
-  others wait behind the hot key's 10,000.
+  jobs each (limit 1 too). Reported: how long the 1,000 others take to finish, against the same
+  1,000 without the hot key, and against 1,000 unlimited jobs, by the same workers. A limit that
+  blocked the line would make the others wait behind the hot key's 10,000.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ def preload(task: str, jobs: int, keys: int) -> None:
                           for i in range(start, min(start + 1000, jobs))])
 
 
-def drain(task: str, jobs: int, processes: int) -> dict[str, Any]:
-    preload(task, jobs, keys=1000)
+def drain(task: str, jobs: int, processes: int, keys: int = 1000) -> dict[str, Any]:
+    preload(task, jobs, keys=keys)
     command = PGJOBS.worker_command(burst=True, batch=10)
     result = harness.drain(DATABASE, REMAINING[task], jobs, [command] * processes, LOG,
                            timeout=600, env=PGJOBS.env)
@@ -57,14 +60,15 @@ def drain(task: str, jobs: int, processes: int) -> dict[str, Any]:
 
 
 def head_of_line(processes: int) -> dict[str, float]:
-    """Seconds for 1,000 jobs to finish: beside a hot key's 10,000, and alone (unlimited)."""
+    """Seconds for 1,000 jobs of 100 keys to finish: beside a hot key's 10,000, alone, and
+    alone without a limit."""
     from django.db import connection, transaction
 
     from django_pgjobs import JobSpec, enqueue_many
     from django_pgjobs.models import Job
 
     timings = {}
-    for case in ("beside a hot key", "alone, unlimited"):
+    for case in ("beside a hot key", "alone", "alone, unlimited"):
         with connection.cursor() as cursor:
             cursor.execute("TRUNCATE pgjobs_job, pgjobs_attempt, pgjobs_key_slot "
                            "RESTART IDENTITY")
@@ -73,12 +77,13 @@ def head_of_line(processes: int) -> dict[str, float]:
                 for start in range(0, 10_000, 1000):
                     enqueue_many([JobSpec.of("bench.hot", {"n": i, "key": "hot"})
                                   for i in range(start, start + 1000)])
+            if case != "alone, unlimited":
                 enqueue_many([JobSpec.of("bench.hot", {"n": i, "key": f"k{i % 100}"})
                               for i in range(1000)])
             else:
-                enqueue_many([JobSpec.of("bench.noop", {"n": i}) for i in range(1000)])
-        others = (Job.objects.exclude(payload__key="hot") if case == "beside a hot key"
-                  else Job.objects.all())
+                enqueue_many([JobSpec.of("bench.noop", {"n": i, "key": "-"})
+                              for i in range(1000)])
+        others = Job.objects.exclude(payload__key="hot")
         harness.execute(DATABASE, "VACUUM ANALYZE")
         command = PGJOBS.worker_command(burst=False, batch=10)
         workers = harness.Workers.start([command] * processes,
@@ -108,26 +113,42 @@ def main() -> None:
 
     django.setup()
 
-    rates: dict[str, list[float]] = {"bench.noop": [], "bench.limited": []}
+    cases = {  # label: (task, keys)
+        "unlimited": ("bench.noop", 1000),
+        "limited: 1,000 keys, at most 2 each (full)": ("bench.limited", 1000),
+        f"limited: {args.jobs:,} keys, at most 2 each": ("bench.limited", args.jobs),
+    }
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label in cases}
     for repeat in range(args.repeats):
-        for task in rates:
-            print(f"[{repeat + 1}/{args.repeats}] {task}: {args.jobs} jobs, "
+        for label, (task, keys) in cases.items():
+            print(f"[{repeat + 1}/{args.repeats}] {label}: {args.jobs} jobs, "
                   f"{args.processes} processes", flush=True)
-            rates[task].append(drain(task, args.jobs, args.processes)["jobs_per_s"])
-    print(f"\n{'drain':44} {'jobs/s (median)':>16}  runs")
-    labels = {"bench.noop": "unlimited",
-              "bench.limited": "limited: 1,000 keys, at most 2 each"}
-    for task, values in rates.items():
-        print(f"{labels[task]:44} {statistics.median(values):16,.0f}  "
-              f"{', '.join(f'{v:,.0f}' for v in values)}")
-    ratio = statistics.median(rates["bench.limited"]) / statistics.median(rates["bench.noop"])
-    print(f"\nratio (limited / unlimited): {ratio:.3f}")
+            results[label].append(drain(task, args.jobs, args.processes, keys))
+    print(f"\n{'drain':46} {'jobs/s (median)':>15} {'worker CPU us/job':>18} "
+          f"{'server CPU us/job':>18}  runs")
+    medians = {}
+    for label, runs in results.items():
+        medians[label] = statistics.median(r["jobs_per_s"] for r in runs)
+        worker = [r["cpu_us_per_job"] for r in runs if r["cpu_us_per_job"] is not None]
+        server = [r["server_cpu_us_per_job"] for r in runs
+                  if r["server_cpu_us_per_job"] is not None]
+        print(f"{label:46} {medians[label]:15,.0f} "
+              f"{statistics.median(worker) if worker else float('nan'):18.0f} "
+              f"{statistics.median(server) if server else float('nan'):18.0f}  "
+              + ", ".join(f"{r['jobs_per_s']:,.0f}" for r in runs))
+    unlimited = medians["unlimited"]
+    for label in list(cases)[1:]:
+        print(f"ratio ({label} / unlimited): {medians[label] / unlimited:.3f}")
 
-    timings = head_of_line(args.processes)
-    print(f"\n{'head-of-line: 1,000 jobs of 100 keys finish in':52} {'s':>7}")
+    runs = [head_of_line(args.processes) for _ in range(args.repeats)]
+    timings = {case: statistics.median(run[case] for run in runs) for case in runs[0]}
+    print(f"\n{'head-of-line: 1,000 jobs of 100 keys finish in':52} {'s (median)':>10}  runs")
     for case, seconds in timings.items():
-        print(f"  {case:50} {seconds:7.2f}")
+        print(f"  {case:50} {seconds:10.2f}  "
+              f"{', '.join(f'{run[case]:.2f}' for run in runs)}")
     print(f"ratio (alone / beside the hot key): "
+          f"{timings['alone'] / timings['beside a hot key']:.3f}; "
+          f"(unlimited / beside the hot key): "
           f"{timings['alone, unlimited'] / timings['beside a hot key']:.3f}")
 
 

@@ -351,7 +351,12 @@ def test_an_operator_limit_raises_and_lowers_a_keys_limit_and_is_audited() -> No
         settle([succeeded(claimed[job.pk])])
         assert statuses(jobs[4]) == ["throttled"]
     settle([succeeded(claimed[jobs[3].pk])])
+    # The last one above the new limit freed its slot (3, above it): the limits step gives the
+    # key's first slot to its waiting job.
+    assert statuses(jobs[4]) == ["throttled"]
+    assert admit_waiting_keys(100) == 1
     assert statuses(jobs[4]) == ["ready"]
+    assert held("tests.limited:acme") == {0: jobs[4].pk, 1: None, 2: None, 3: None}
     assert KeyLimit.objects.get().max_running == 1
 
 

@@ -18,17 +18,16 @@ LANGUAGE plpgsql AS $$
 DECLARE
     free integer;
 BEGIN
-    cap := COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l WHERE l.key = k), cap);
-    IF EXISTS (SELECT 1 FROM pgjobs_key_slot AS s
-               WHERE s.key = k AND s.n >= cap AND s.job_id IS NOT NULL) THEN
-        RETURN NULL;
-    END IF;
     SELECT s.n INTO free
-    FROM pgjobs_key_slot AS s
-    WHERE s.key = k AND s.job_id IS NULL AND s.n < cap
+    FROM pgjobs_key_slot AS s,
+         (SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l WHERE l.key = k),
+                          cap) AS cap) AS c
+    WHERE s.key = k AND s.job_id IS NULL AND s.n < c.cap
+      AND NOT EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
+                      WHERE o.key = k AND o.n >= c.cap AND o.job_id IS NOT NULL)
     ORDER BY s.n
     LIMIT 1
-    FOR UPDATE SKIP LOCKED;
+    FOR UPDATE OF s SKIP LOCKED;
     IF FOUND THEN
         UPDATE pgjobs_key_slot SET job_id = j WHERE key = k AND n = free;
     END IF;
@@ -80,25 +79,44 @@ BEGIN
 END
 $$;
 
--- Before a job with a limit key becomes ready (enqueued, promoted, retried, admitted): unless
--- it holds its slot, it takes a free one, or waits as throttled. An INSERT that a unique index
--- may refuse (ON CONFLICT DO NOTHING) takes none here: a refused row would keep it. It waits,
--- and the trigger after the insert gives it a slot if one is free.
+-- Before a job with a limit key becomes ready (enqueued due now, promoted, retried by an
+-- operator): it takes a free slot of its key, or waits as throttled. Written out here, not
+-- through pgjobs_limit_take, because every such job passes this way. An enqueue makes the key's
+-- slots first if it has none yet (in the caller's transaction: a concurrent enqueue of the same
+-- new key waits for it, as for a unique key; no worker's statement makes slots, so none waits on
+-- a caller). An INSERT that a unique index may refuse (ON CONFLICT DO NOTHING) takes no slot
+-- here: a refused row would keep it. It waits, and the trigger after the insert gives it a slot
+-- if one is free. (A job becomes ready from throttled only in pgjobs_limit_admit and
+-- pgjobs_limit_release, which give it its slot first; from running, it keeps the one it has.)
 CREATE FUNCTION pgjobs_limit_park() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    free integer;
 BEGIN
-    IF NEW.limit_slot IS NOT NULL AND EXISTS (
-            SELECT 1 FROM pgjobs_key_slot AS s
-            WHERE s.key = NEW.limit_key AND s.n = NEW.limit_slot AND s.job_id = NEW.id) THEN
-        RETURN NEW;
-    END IF;
     NEW.limit_slot := NULL;
     IF TG_OP = 'UPDATE' OR (NEW.idempotency_key IS NULL AND NEW.unique_key IS NULL
                             AND NEW.schedule_id IS NULL) THEN
-        IF TG_OP = 'INSERT' THEN
-            PERFORM pgjobs_limit_slots(NEW.limit_key, NEW.limit_max);
+        IF TG_OP = 'INSERT' AND NOT EXISTS (
+                SELECT 1 FROM pgjobs_key_slot AS s
+                WHERE s.key = NEW.limit_key AND s.n = NEW.limit_max - 1) THEN
+            INSERT INTO pgjobs_key_slot (key, n)
+            SELECT NEW.limit_key, g FROM generate_series(0, NEW.limit_max - 1) AS g
+            ON CONFLICT DO NOTHING;
         END IF;
-        NEW.limit_slot := pgjobs_limit_take(NEW.limit_key, NEW.limit_max, NEW.id);
+        SELECT s.n INTO free
+        FROM pgjobs_key_slot AS s,
+             (SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l
+                               WHERE l.key = NEW.limit_key), NEW.limit_max) AS cap) AS c
+        WHERE s.key = NEW.limit_key AND s.job_id IS NULL AND s.n < c.cap
+          AND NOT EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
+                          WHERE o.key = NEW.limit_key AND o.n >= c.cap AND o.job_id IS NOT NULL)
+        ORDER BY s.n
+        LIMIT 1
+        FOR UPDATE OF s SKIP LOCKED;
+        IF FOUND THEN
+            UPDATE pgjobs_key_slot SET job_id = NEW.id WHERE key = NEW.limit_key AND n = free;
+            NEW.limit_slot := free;
+        END IF;
     END IF;
     IF NEW.limit_slot IS NULL THEN
         NEW.status := 'throttled';
@@ -118,14 +136,35 @@ BEGIN
 END
 $$;
 
--- After a job left ready and running (settled, rescued, cancelled, dead-lettered, snoozed): its
--- slot is free in the same statement, and goes to the key's next throttled job.
+-- After a job left ready and running (settled, rescued, cancelled, dead-lettered, snoozed): in
+-- the same statement its slot goes to the key's next throttled job (highest priority, oldest),
+-- or is freed when none waits, or when the key's limit was lowered under it (the limits step
+-- then gives free slots below the new limit once the key has room). One write of the slot row:
+-- handed over, never freed and taken again. No NOTIFY: the job is ready in the settling
+-- worker's own transaction, whose claim (sent with it) can take it at once.
 CREATE FUNCTION pgjobs_limit_release() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    next_job bigint;
 BEGIN
-    UPDATE pgjobs_key_slot SET job_id = NULL
+    SELECT j.id INTO next_job
+    FROM pgjobs_job AS j,
+         (SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l
+                           WHERE l.key = OLD.limit_key), OLD.limit_max) AS cap) AS c
+    WHERE j.limit_key = OLD.limit_key AND j.status = 'throttled'
+      AND OLD.limit_slot < c.cap
+      AND NOT EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
+                      WHERE o.key = OLD.limit_key AND o.n >= c.cap AND o.job_id IS NOT NULL)
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT 1
+    FOR UPDATE OF j SKIP LOCKED;
+    UPDATE pgjobs_key_slot SET job_id = next_job
     WHERE key = OLD.limit_key AND n = OLD.limit_slot AND job_id = OLD.id;
-    PERFORM pgjobs_limit_admit(OLD.limit_key, OLD.limit_max);
+    IF FOUND AND next_job IS NOT NULL THEN
+        UPDATE pgjobs_job
+        SET status = 'ready', limit_slot = OLD.limit_slot, updated_at = statement_timestamp()
+        WHERE id = next_job;
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -136,8 +175,8 @@ CREATE TRIGGER pgjobs_limit_park_insert BEFORE INSERT ON pgjobs_job FOR EACH ROW
     WHEN (NEW.limit_key IS NOT NULL AND NEW.status = 'ready')
     EXECUTE FUNCTION pgjobs_limit_park();
 CREATE TRIGGER pgjobs_limit_park_update BEFORE UPDATE OF status ON pgjobs_job FOR EACH ROW
-    WHEN (NEW.limit_key IS NOT NULL AND NEW.status = 'ready' AND OLD.status <> 'ready'
-          AND OLD.status <> 'running')
+    WHEN (NEW.limit_key IS NOT NULL AND NEW.status = 'ready'
+          AND OLD.status NOT IN ('ready', 'running', 'throttled'))
     EXECUTE FUNCTION pgjobs_limit_park();
 CREATE TRIGGER pgjobs_limit_parked AFTER INSERT ON pgjobs_job FOR EACH ROW
     WHEN (NEW.status = 'throttled' AND (NEW.idempotency_key IS NOT NULL
