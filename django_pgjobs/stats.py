@@ -23,6 +23,7 @@ LATENCY_WINDOW_SECONDS = 3600  # handler and pickup latency, attempt numbers
 SAMPLE_LIMIT = 10_000  # most recent attempts a latency figure is computed from
 LEASE_SOON_SECONDS = 10.0
 THROUGHPUT_MINUTES = 60
+LIMIT_KEYS_SHOWN = 20  # limit keys, the most waiting first
 
 LIVE_STATUSES = (JobStatus.READY, JobStatus.THROTTLED, JobStatus.SCHEDULED, JobStatus.RUNNING,
                  JobStatus.RETRYING)
@@ -135,6 +136,19 @@ class ScheduleHealth:
 
 
 @dataclass(frozen=True)
+class KeyLimitStats:
+    """One limit key (docs/limits.md): the jobs holding its slots, its limit, what waits."""
+
+    key: str
+    running: int
+    ready: int  # holding a slot, waiting for a worker of their queue
+    max_running: int | None  # the operator's limit, else the jobs' declared one
+    set_by_operator: bool
+    waiting: int  # throttled
+    oldest_waiting_seconds: float | None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything at once, as the dashboard and ``pgjobs_stats`` show it."""
 
@@ -146,6 +160,7 @@ class Snapshot:
     failures: list[FailureCount]
     throughput: list[ThroughputPoint]
     schedules: ScheduleHealth = field(default_factory=ScheduleHealth)
+    limits: list[KeyLimitStats] = field(default_factory=list)
     windows: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -290,6 +305,18 @@ def schedule_health(*, using: str = DEFAULT_DB_ALIAS) -> ScheduleHealth:
     return ScheduleHealth(int(active), int(paused), int(retired), late, grace)
 
 
+def key_limits(*, limit: int = LIMIT_KEYS_SHOWN, using: str = DEFAULT_DB_ALIAS
+               ) -> list[KeyLimitStats]:
+    """The limit keys in use, the ones with the most waiting jobs first (``limit`` of them)."""
+    return [KeyLimitStats(
+        key=str(r["key"]), running=int(r["running"]), ready=int(r["ready"]),
+        max_running=None if r["max_running"] is None else int(r["max_running"]),
+        set_by_operator=bool(r["set_by_operator"]), waiting=int(r["waiting"]),
+        oldest_waiting_seconds=(None if r["oldest_waiting_seconds"] is None
+                                else float(r["oldest_waiting_seconds"])),
+    ) for r in _fetch_named("stats_limit_keys", {"limit": limit}, using)]
+
+
 def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
     """Every figure above with its default window."""
     return Snapshot(
@@ -301,6 +328,7 @@ def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
         failures=failure_classes(using=using),
         throughput=throughput(using=using),
         schedules=schedule_health(using=using),
+        limits=key_limits(using=using),
         windows={
             "recent_seconds": RECENT_SECONDS,
             "latency_window_seconds": LATENCY_WINDOW_SECONDS,

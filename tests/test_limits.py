@@ -416,3 +416,73 @@ def test_workers_never_run_more_of_a_key_than_its_limit_and_a_killed_one_frees_i
     assert set(by_key) >= {"demo.export:c0", "demo.export:c1", "demo.export:c2",
                            "demo.export:hang"}
     assert {key: overlap(windows) for key, windows in by_key.items()} == dict.fromkeys(by_key, 1)
+
+
+# --- operators see it and steer it ----------------------------------------------------------------
+
+
+def test_stats_show_each_keys_holders_limit_and_waiting_jobs() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_pgjobs import stats
+
+    enqueue_for("acme", 5)
+    enqueue_for("solo", 1)
+    claim_jobs("w", "default", 1)  # the first acme job runs
+    set_key_limit("tests.limited:solo", 3)
+    by_key = {k.key: k for k in stats.key_limits()}
+    acme, solo = by_key["tests.limited:acme"], by_key["tests.limited:solo"]
+    assert (acme.running, acme.ready, acme.max_running, acme.set_by_operator, acme.waiting) == (
+        1, 1, 2, False, 3)
+    assert acme.oldest_waiting_seconds is not None and acme.oldest_waiting_seconds >= 0
+    assert (solo.running, solo.ready, solo.max_running, solo.set_by_operator, solo.waiting) == (
+        0, 1, 3, True, 0)
+    assert list(by_key) == ["tests.limited:acme", "tests.limited:solo"]  # most waiting first
+    out = StringIO()
+    call_command("pgjobs_stats", stdout=out)
+    [row] = [line.split() for line in out.getvalue().splitlines()
+             if line.startswith("tests.limited:acme")]
+    assert row[:5] == ["tests.limited:acme", "1", "1", "2", "3"]
+
+
+ADD_LIMIT = "/admin/pgjobs/keylimit/add/"
+
+
+def test_an_operator_with_the_permission_sets_a_keys_limit_in_the_admin(login) -> None:
+    jobs = enqueue_for("acme", 4)
+    client = login("view_keylimit", "add_keylimit")
+    response = client.post(ADD_LIMIT, {"key": "tests.limited:acme", "max_running": "3",
+                                       "reason": "contract upgrade"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert statuses(*jobs) == ["ready", "ready", "ready", "throttled"]
+    audit = OperatorAction.objects.get()
+    assert (audit.action, audit.actor_name, audit.reason, audit.detail["admitted"]) == (
+        "set_key_limit", "op", "contract upgrade", 1)
+    assert KeyLimit.objects.get().changed_by == "op"
+
+
+@pytest.mark.parametrize(("codenames", "form", "expected"), [
+    (("view_keylimit",), {"key": "tests.limited:acme", "max_running": "3"}, 403),
+    (("view_keylimit", "add_keylimit"), {"key": "a\nb", "max_running": "3"}, 200),
+    (("view_keylimit", "add_keylimit"), {"key": "tests.limited:acme", "max_running": "0"}, 200),
+])
+def test_a_limit_without_the_permission_or_with_bad_input_writes_nothing(
+    login, codenames, form, expected,
+) -> None:
+    client = login(*codenames)
+    response = client.post(ADD_LIMIT, form)
+    assert response.status_code == expected
+    if expected == 200:
+        assert "errorlist" in response.content.decode()
+    assert not KeyLimit.objects.exists() and not OperatorAction.objects.exists()
+
+
+def test_an_operators_limit_cannot_be_deleted_in_the_admin(login) -> None:
+    set_key_limit("tests.limited:acme", 3)
+    client = login(superuser=True)
+    row = KeyLimit.objects.get()
+    assert client.post(f"/admin/pgjobs/keylimit/{row.pk}/delete/", {"post": "yes"}
+                       ).status_code == 403
+    assert KeyLimit.objects.exists()

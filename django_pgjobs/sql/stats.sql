@@ -183,3 +183,34 @@ SELECT count(*) FILTER (WHERE retired_at IS NULL AND paused_at IS NULL),
        count(*) FILTER (WHERE retired_at IS NULL AND paused_at IS NOT NULL),
        count(*) FILTER (WHERE retired_at IS NOT NULL)
 FROM pgjobs_schedule
+
+-- name: stats_limit_keys
+-- The limit keys with a job holding a slot, a job waiting for one, or an operator's limit: what
+-- holds their slots (ready and running jobs), the limit in force, and what waits. The busiest
+-- first (most waiting), then by key. Held slots come from pgjobs_key_slot, waiting jobs from
+-- the throttled index; each key's limit is the operator's, else its jobs' declared one.
+WITH held AS (
+    SELECT s.key, count(*) FILTER (WHERE j.status = 'running') AS running,
+           count(*) FILTER (WHERE j.status = 'ready') AS ready, max(j.limit_max) AS declared
+    FROM pgjobs_key_slot AS s
+    JOIN pgjobs_job AS j ON j.id = s.job_id
+    GROUP BY s.key
+), waiting AS (
+    SELECT limit_key AS key, count(*) AS waiting, max(limit_max) AS declared,
+           extract(epoch FROM now() - min(run_at)) AS oldest_seconds
+    FROM pgjobs_job
+    WHERE status = 'throttled'
+    GROUP BY limit_key
+), keys AS (
+    SELECT key FROM held UNION SELECT key FROM waiting UNION SELECT key FROM pgjobs_key_limit
+)
+SELECT k.key, COALESCE(h.running, 0) AS running, COALESCE(h.ready, 0) AS ready,
+       COALESCE(l.max_running, GREATEST(h.declared, w.declared)) AS max_running,
+       l.max_running IS NOT NULL AS set_by_operator, COALESCE(w.waiting, 0) AS waiting,
+       w.oldest_seconds AS oldest_waiting_seconds
+FROM keys AS k
+LEFT JOIN held AS h ON h.key = k.key
+LEFT JOIN waiting AS w ON w.key = k.key
+LEFT JOIN pgjobs_key_limit AS l ON l.key = k.key
+ORDER BY COALESCE(w.waiting, 0) DESC, k.key
+LIMIT %(limit)s

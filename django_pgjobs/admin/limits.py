@@ -1,0 +1,73 @@
+"""Limits set by operators: one key's max_running in place of its handler's (docs/limits.md).
+
+Adding or changing one needs Django's ``add_keylimit`` or ``change_keylimit`` permission, and
+goes through ``transitions.set_key_limit``: the key's slots follow, a raised limit readies
+waiting jobs at once, and the change is audited with its reason. Nothing is deleted here: a
+lowered limit is how an operator gives a key less.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.http import HttpRequest
+
+from .. import transitions
+from ..models import KeyLimit
+from ..validation import MAX_RUNNING_LIMIT, limit_key_problem
+from .display import time_text
+
+
+class KeyLimitForm(forms.ModelForm):
+    reason = forms.CharField(required=False, max_length=500,
+                             help_text="Kept in the audit log with the change.")
+
+    class Meta:
+        model = KeyLimit
+        fields = ["key", "max_running"]
+        help_texts = {
+            "key": "A job's limit key: the limit's name, ':' and the key "
+                   "(exports.run:acme). pgjobs_stats lists the keys in use.",
+            "max_running": f"At most this many of the key's jobs ready or running at once "
+                           f"(1 to {MAX_RUNNING_LIMIT}).",
+        }
+
+    def clean_key(self) -> str:
+        key = self.cleaned_data["key"]
+        problem = limit_key_problem(key)
+        if problem is not None:
+            raise forms.ValidationError(f"key {problem}")
+        return str(key)
+
+    def clean_max_running(self) -> int:
+        value = self.cleaned_data["max_running"]
+        if not 1 <= value <= MAX_RUNNING_LIMIT:
+            raise forms.ValidationError(f"must be from 1 to {MAX_RUNNING_LIMIT}")
+        return int(value)
+
+
+@admin.register(KeyLimit)
+class KeyLimitAdmin(admin.ModelAdmin):
+    form = KeyLimitForm
+    list_display = ("key", "max_running", "changed_by", "changed")
+    search_fields = ("key",)
+    ordering = ("key",)
+
+    @admin.display(description="changed", ordering="changed_at")
+    def changed(self, row: KeyLimit) -> str:
+        return time_text(row.changed_at)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return ("key",) if obj is not None else ()
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: KeyLimit, form: Any, change: bool) -> None:
+        # The transition writes the row, its slots and the audit in one transaction.
+        transitions.set_key_limit(obj.key, obj.max_running,
+                                  actor=transitions.Actor.of(request.user),
+                                  reason=form.cleaned_data.get("reason", ""))
+        obj.refresh_from_db()
