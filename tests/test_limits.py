@@ -486,3 +486,14 @@ def test_an_operators_limit_cannot_be_deleted_in_the_admin(login) -> None:
     assert client.post(f"/admin/pgjobs/keylimit/{row.pk}/delete/", {"post": "yes"}
                        ).status_code == 403
     assert KeyLimit.objects.exists()
+
+
+def test_drain_in_a_test_runs_a_keys_jobs_one_slot_after_another() -> None:
+    from django_pgjobs import testing
+
+    jobs = enqueue_for("acme", 5)
+    assert [j.status for j in jobs].count("throttled") == 3
+    drained = testing.drain()
+    assert drained.outcomes == {"succeeded": 5}
+    assert statuses(*jobs) == ["succeeded"] * 5
+    assert held("tests.limited:acme") == {0: None, 1: None}
