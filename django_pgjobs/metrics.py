@@ -109,6 +109,7 @@ class StatsCollector(Collector):
         try:
             queues = stats.queue_stats(using=self.using)
             leases = stats.lease_health(using=self.using)
+            limits = stats.key_limits(using=self.using)
         finally:
             if self.close_connection:
                 connections[self.using].close()
@@ -148,6 +149,27 @@ class StatsCollector(Collector):
             if queue.backlog_max_age_seconds is not None:
                 policy.add_metric([queue.queue], queue.backlog_max_age_seconds)
         yield from (jobs, finished, age, policy, healthy)
+        # Limit keys are as many as an application's customers: the ones with the most waiting
+        # jobs only (stats.LIMIT_KEYS_SHOWN), each under its own label.
+        held = GaugeMetricFamily(
+            "pgjobs_limit_held",
+            "Slots of a limit key held by its ready and running jobs (docs/limits.md).",
+            labels=["key"],
+        )
+        waiting = GaugeMetricFamily(
+            "pgjobs_limit_waiting", "Jobs waiting (throttled) for a slot of their limit key.",
+            labels=["key"],
+        )
+        limit = GaugeMetricFamily(
+            "pgjobs_limit_max_running", "A limit key's limit: an operator's, else declared.",
+            labels=["key"],
+        )
+        for key in limits:
+            held.add_metric([key.key], key.running + key.ready)
+            waiting.add_metric([key.key], key.waiting)
+            if key.max_running is not None:
+                limit.add_metric([key.key], key.max_running)
+        yield from (held, waiting, limit)
         yield GaugeMetricFamily(
             "pgjobs_leases_expired",
             "Running jobs whose lease has expired; the rescue step will take them back.",

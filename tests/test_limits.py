@@ -497,3 +497,21 @@ def test_drain_in_a_test_runs_a_keys_jobs_one_slot_after_another() -> None:
     assert drained.outcomes == {"succeeded": 5}
     assert statuses(*jobs) == ["succeeded"] * 5
     assert held("tests.limited:acme") == {0: None, 1: None}
+
+
+def test_the_metrics_export_each_busy_keys_held_waiting_and_limit() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from django_pgjobs.metrics import StatsCollector, exposition
+    from tests.test_metrics import parse, value
+
+    enqueue_for("acme", 5)
+    claim_jobs("w", "default", 1)
+    registry = CollectorRegistry()
+    registry.register(StatsCollector())
+    samples = parse(exposition(registry))
+    key = "tests.limited:acme"
+    assert (value(samples, "pgjobs_limit_held", key=key),
+            value(samples, "pgjobs_limit_waiting", key=key),
+            value(samples, "pgjobs_limit_max_running", key=key)) == (2, 3, 2)
+    assert value(samples, "pgjobs_jobs", queue="default", status="throttled") == 3
