@@ -230,6 +230,18 @@ def test_a_duplicate_enqueue_that_a_unique_index_refuses_takes_no_slot() -> None
 # --- never waiting, never over: other transactions ------------------------------------------------
 
 
+def insert_capped(cursor: Any) -> tuple[int, str]:
+    """Insert a job of tests.capped as enqueue would, on another connection; (id, status)."""
+    cursor.execute(
+        "INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority,"
+        " base_priority, attempts, max_attempts, snoozes, lease_seconds, trace_id, failure_class,"
+        " terminal_reason, last_error, limit_key, limit_max)"
+        " VALUES ('tests.capped', 1, 'default', '{}', 'ready', 0, 0, 0, 3, 0, 60, '', '', '', '',"
+        " 'tests.capped:', 1) RETURNING id, status")
+    [(job_id, status)] = cursor.fetchall()
+    return job_id, status
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_held_open_elsewhere_leaves_nothing_of_its_key_to_claim(other_connection) -> None:
     django_pgjobs.enqueue("tests.capped", {"i": 1})
@@ -267,15 +279,8 @@ def test_an_uncommitted_enqueue_holds_its_slot_and_others_skip_it(other_connecti
             mine = django_pgjobs.enqueue("tests.capped", {"who": "first"})
             assert mine.status == "ready"
             with other_connection.cursor() as cursor:
-                # The same statement enqueue sends, on the other connection: the slot is
-                # locked by our open transaction, skipped, and the job waits.
-                cursor.execute(
-                    "INSERT INTO pgjobs_job (task, payload_version, queue, payload, status,"
-                    " priority, base_priority, attempts, max_attempts, snoozes, lease_seconds,"
-                    " trace_id, failure_class, terminal_reason, last_error, limit_key, limit_max)"
-                    " VALUES ('tests.capped', 1, 'default', '{}', 'ready', 0, 0, 0, 3, 0, 60,"
-                    " '', '', '', '', 'tests.capped:', 1) RETURNING id, status")
-                [(other_id, other_status)] = cursor.fetchall()
+                # The slot is locked by our open transaction: skipped, and the job waits.
+                other_id, other_status = insert_capped(cursor)
             assert other_status == "throttled"
         other_connection.commit()
         assert statuses(mine, Job(pk=other_id)) == ["ready", "throttled"]
@@ -296,13 +301,7 @@ def test_a_slot_freed_before_its_waiting_job_committed_is_given_by_the_next_step
     other_connection.set_autocommit(False)
     try:
         with other_connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO pgjobs_job (task, payload_version, queue, payload, status,"
-                " priority, base_priority, attempts, max_attempts, snoozes, lease_seconds,"
-                " trace_id, failure_class, terminal_reason, last_error, limit_key, limit_max)"
-                " VALUES ('tests.capped', 1, 'default', '{}', 'ready', 0, 0, 0, 3, 0, 60,"
-                " '', '', '', '', 'tests.capped:', 1) RETURNING id, status")
-            [(late_id, late_status)] = cursor.fetchall()
+            late_id, late_status = insert_capped(cursor)
         assert late_status == "throttled"
         # The settle frees the slot; the job that would take it is not committed, not seen.
         settle([succeeded(c)])
