@@ -4,6 +4,7 @@ instant, held by the database for every writer, freed by the statement that ends
 from __future__ import annotations
 
 import math
+import re
 import signal
 import uuid
 from datetime import timedelta
@@ -514,3 +515,18 @@ def test_the_metrics_export_each_busy_keys_held_waiting_and_limit() -> None:
             value(samples, "pgjobs_limit_waiting", key=key),
             value(samples, "pgjobs_limit_max_running", key=key)) == (2, 3, 2)
     assert value(samples, "pgjobs_jobs", queue="default", status="throttled") == 3
+
+
+def test_the_limits_page_lists_the_keys_in_use_before_the_operators_rows(login) -> None:
+    enqueue_for("acme", 4)
+    claim_jobs("w", "default", 1)
+    set_key_limit("tests.limited:other", 5)
+    client = login("view_keylimit")
+    page = client.get("/admin/pgjobs/keylimit/").content.decode()
+    table = page.split('id="pgjobs-limit-keys"', 1)[1].split("</table>", 1)[0]
+    cells = [re.findall(r"<t[hd][^>]*>([^<]*)</t[hd]>", row)
+             for row in table.split("<tr>")[2:]]
+    assert cells == [["tests.limited:acme", "1", "1", "2", "2", "0s"],
+                     ["tests.limited:other", "0", "0", "5 (set here)", "0", "-"]]
+    assert "Limits set by operators" in page and "tests.limited:other" in page.split(
+        "Limits set by operators", 1)[1]

@@ -1,23 +1,27 @@
 """Limits set by operators: one key's max_running in place of its handler's (docs/limits.md).
 
-Adding or changing one needs Django's ``add_keylimit`` or ``change_keylimit`` permission, and
-goes through ``transitions.set_key_limit``: the key's slots follow, a raised limit readies
-waiting jobs at once, and the change is audited with its reason. Nothing is deleted here: a
-lowered limit is how an operator gives a key less.
+Its list shows every limit key in use first (holders, limit, waiting jobs, the oldest wait),
+then the operators' rows. Adding or changing one needs Django's ``add_keylimit`` or
+``change_keylimit`` permission, and goes through ``transitions.set_key_limit``: the key's slots
+follow, a raised limit readies waiting jobs at once, and the change is audited with its reason.
+Nothing is deleted here: a lowered limit is how an operator gives a key less.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
-from .. import transitions
+from .. import stats, transitions
 from ..models import KeyLimit
 from ..validation import MAX_RUNNING_LIMIT, limit_key_problem
-from .display import time_text
+from .display import duration_text, time_text
+
+KEYS_SHOWN = 100
 
 
 class KeyLimitForm(forms.ModelForm):
@@ -58,6 +62,16 @@ class KeyLimitAdmin(admin.ModelAdmin):
     @admin.display(description="changed", ordering="changed_at")
     def changed(self, row: KeyLimit) -> str:
         return time_text(row.changed_at)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # Above the operators' rows: every key in use, as pgjobs_stats lists them.
+        keys = [{**asdict(key), "oldest_waiting": "-" if key.oldest_waiting_seconds is None
+                  else duration_text(key.oldest_waiting_seconds)}
+                 for key in stats.key_limits(limit=KEYS_SHOWN)]
+        return super().changelist_view(request, {
+            **(extra_context or {}), "keys_in_use": keys, "keys_shown": KEYS_SHOWN})
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return ("key",) if obj is not None else ()
