@@ -53,11 +53,12 @@ admin: $(STAMP)
 	$(EMBEDDED) $(MANAGE) migrate --verbosity 0
 	$(EMBEDDED) $(MANAGE) runserver --insecure --noreload 127.0.0.1:$(ADMIN_PORT)
 
+# mypy's Django plugin and makemigrations load the settings, which join the embedded server when
+# DATABASE_URL is unset: run through it, so it stops when they are done.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy django_pgjobs
 	$(VENV)/bin/lint-imports
-	$(MANAGE) makemigrations --check --dry-run
+	$(EMBEDDED) sh -c '$(VENV)/bin/mypy django_pgjobs && $(MANAGE) makemigrations --check --dry-run'
 
 # The failure harness: real workers against a private PostgreSQL server that it crashes and
 # restarts (never the one in DATABASE_URL); prints its figures, fails if an invariant broke.
