@@ -530,3 +530,14 @@ def test_the_limits_page_lists_the_keys_in_use_before_the_operators_rows(login) 
                      ["tests.limited:other", "0", "0", "5 (set here)", "0", "-"]]
     assert "Limits set by operators" in page and "tests.limited:other" in page.split(
         "Limits set by operators", 1)[1]
+
+
+def test_a_jobs_page_in_the_admin_shows_its_limit_key_and_slot(login) -> None:
+    first, waiting = enqueue_for("acme", 3)[0::2]
+    client = login("view_job")
+    page = client.get(f"/admin/pgjobs/job/{first.pk}/change/").content.decode()
+    limit = re.split(r">Limit</h\d>", page, maxsplit=1)[1].split("</fieldset>", 1)[0]
+    assert "tests.limited:acme" in limit
+    assert re.search(r"field-limit_slot.*?<div class=\"readonly\">0</div>", limit, re.S)
+    page = client.get(f"/admin/pgjobs/job/{waiting.pk}/change/").content.decode()
+    assert "throttled" in page

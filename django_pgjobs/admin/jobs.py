@@ -122,6 +122,9 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
                               "cancel_requested_at_shown")}),
         ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
                                  "scheduled_at_shown")}),
+        # A handler's Limit: the job's key, the limit it was enqueued under, the slot it holds
+        # while ready or running (or held last). docs/limits.md.
+        ("Limit", {"fields": ("limit_key", "limit_max", "limit_slot")}),
         ("Operator actions", {"fields": ("operator_history",)}),
     )
 
