@@ -41,6 +41,9 @@ def test_the_demo_drains_its_workload_and_leaves_two_admin_users(monkeypatch) ->
     assert "NOT FINISHED" not in summary
     assert "0 duplicate charges (receipted)" in summary
     assert "killed worker demo-0-0 (SIGKILL)" in summary
+    # The exports ran under their limit of one per customer, and all of them finished.
+    assert ("exports: 60 of 60 done for 3 customers under a limit of 1 per customer; most of one "
+            "customer's running at once: 1") in summary
     assert "run `make admin`, then open http://127.0.0.1:8000/admin/pgjobs/job/" in summary
 
     charge = Job.objects.filter(task="demo.charge").first()

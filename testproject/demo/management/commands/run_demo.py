@@ -27,6 +27,8 @@ MANAGE = Path(__file__).resolve().parents[3] / "manage.py"
 # staff user with only the view permissions, who sees every payload redacted and no action.
 DEMO_USERS = {"demo": "demo", "viewer": "viewer"}
 ADMIN_URL = "http://127.0.0.1:8000/admin/pgjobs/job/"
+# Export jobs of three customers, at most one of a customer's at once (demo.export's Limit).
+EXPORTS = 60
 
 
 class Command(BaseCommand):
@@ -71,8 +73,8 @@ class Command(BaseCommand):
     def _reset(self) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
-                "TRUNCATE pgjobs_attempt, pgjobs_job, pgjobs_receipt, demo_ledgerentry, "
-                "demo_order RESTART IDENTITY"
+                "TRUNCATE pgjobs_attempt, pgjobs_job, pgjobs_receipt, pgjobs_key_slot, "
+                "pgjobs_key_limit, demo_ledgerentry, demo_order RESTART IDENTITY"
             )
 
     def _enqueue(self, total: int) -> int:
@@ -109,6 +111,10 @@ class Command(BaseCommand):
             else:
                 mix.append(JobSpec.of("demo.noop", {"n": i}, queue="reports", priority=-10))
         mix += [JobSpec.of("demo.long", {"seconds": 2.5}) for _ in range(4)]
+        # Exports under a limit of one at a time per customer (docs/limits.md): all but the
+        # first of each customer wait throttled, and each end of a run hands its slot on.
+        mix += [JobSpec.of("demo.export", {"customer": f"customer-{i % 3}", "seconds": 0.02})
+                for i in range(EXPORTS)]
         django_pgjobs.enqueue_many(mix)
         return Job.objects.count()
 
@@ -179,5 +185,24 @@ class Command(BaseCommand):
             f"{IdempotencyReceipt.objects.count()} receipts, {duplicate_charges} duplicate "
             "charges (receipted)")
         out(f"unreceipted side effects repeated by at-least-once delivery: {duplicate_work}")
+        exports = (Attempt.objects.filter(job__task="demo.export")
+                   .values_list("job__limit_key", "claimed_at", "finished_at"))
+        windows: dict[str, list[tuple[Any, Any]]] = {}
+        for key, claimed_at, finished_at in exports:
+            windows.setdefault(key, []).append((claimed_at, finished_at))
+        most = max((at_once(spans) for spans in windows.values()), default=0)
+        done = Job.objects.filter(task="demo.export", status=JobStatus.SUCCEEDED).count()
+        out(f"exports: {done} of {EXPORTS} done for {len(windows)} customers under a limit of 1 "
+            f"per customer; most of one customer's running at once: {most}")
         if self._unfinished():
             out(f"NOT FINISHED: {self._unfinished()} jobs still waiting")
+
+
+def at_once(spans: list[tuple[Any, Any]]) -> int:
+    """The most of ``spans`` (start, end) open at one instant (an end before a start)."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
