@@ -9,25 +9,33 @@ from django.db import migrations, models
 # the statement that ends the holder's run, so a limit holds at every instant, under any number
 # of claiming workers, and outlives no lease.
 LIMITS = """
--- Take a free slot of key k for job j: its number, or NULL when none is free below the key's
--- limit (cap, unless an operator set one in pgjobs_key_limit). A slot another transaction
--- holds is skipped, never waited for: it is being taken, or freed and given. After a limit was
--- lowered, none is taken while a slot at or above the new limit is still held.
+-- How many slots of key k may be held now: its limit (cap, unless an operator set one in
+-- pgjobs_key_limit), or none while a slot at or above it is still held (a limit lowered while
+-- jobs ran: nothing new starts until those end). Every taking and handing over asks this.
+CREATE FUNCTION pgjobs_limit_room(k text, cap integer) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
+                             WHERE o.key = k AND o.n >= c.cap AND o.job_id IS NOT NULL)
+                THEN 0 ELSE c.cap END
+    FROM (SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l WHERE l.key = k),
+                          cap) AS cap) AS c
+$$;
+
+-- Take a free slot of key k for job j: its number, or NULL when none is free within the key's
+-- room. A slot another transaction holds is skipped, never waited for: it is being taken, or
+-- freed and given.
 CREATE FUNCTION pgjobs_limit_take(k text, cap integer, j bigint) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
+    room integer := pgjobs_limit_room(k, cap);
     free integer;
 BEGIN
     SELECT s.n INTO free
-    FROM pgjobs_key_slot AS s,
-         (SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l WHERE l.key = k),
-                          cap) AS cap) AS c
-    WHERE s.key = k AND s.job_id IS NULL AND s.n < c.cap
-      AND NOT EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
-                      WHERE o.key = k AND o.n >= c.cap AND o.job_id IS NOT NULL)
+    FROM pgjobs_key_slot AS s
+    WHERE s.key = k AND s.job_id IS NULL AND s.n < room
     ORDER BY s.n
     LIMIT 1
-    FOR UPDATE OF s SKIP LOCKED;
+    FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
         UPDATE pgjobs_key_slot SET job_id = j WHERE key = k AND n = free;
     END IF;
@@ -80,43 +88,22 @@ END
 $$;
 
 -- Before a job with a limit key becomes ready (enqueued due now, promoted, retried by an
--- operator): it takes a free slot of its key, or waits as throttled. Written out here, not
--- through pgjobs_limit_take, because every such job passes this way. An enqueue makes the key's
--- slots first if it has none yet (in the caller's transaction: a concurrent enqueue of the same
--- new key waits for it, as for a unique key; no worker's statement makes slots, so none waits on
--- a caller). An INSERT that a unique index may refuse (ON CONFLICT DO NOTHING) takes no slot
--- here: a refused row would keep it. It waits, and the trigger after the insert gives it a slot
--- if one is free. (A job becomes ready from throttled only in pgjobs_limit_admit and
--- pgjobs_limit_release, which give it its slot first; from running, it keeps the one it has.)
+-- operator): it takes a free slot of its key, or waits as throttled. An enqueue makes the key's
+-- slots first if it has none yet. An INSERT that a unique index may refuse (ON CONFLICT DO
+-- NOTHING) takes no slot here: a refused row would keep it. It waits, and the trigger after the
+-- insert gives it a slot if one is free. (A job becomes ready from throttled only in
+-- pgjobs_limit_admit and pgjobs_limit_release, which give it its slot first; from running, it
+-- keeps the one it has.)
 CREATE FUNCTION pgjobs_limit_park() RETURNS trigger
 LANGUAGE plpgsql AS $$
-DECLARE
-    free integer;
 BEGIN
     NEW.limit_slot := NULL;
     IF TG_OP = 'UPDATE' OR (NEW.idempotency_key IS NULL AND NEW.unique_key IS NULL
                             AND NEW.schedule_id IS NULL) THEN
-        IF TG_OP = 'INSERT' AND NOT EXISTS (
-                SELECT 1 FROM pgjobs_key_slot AS s
-                WHERE s.key = NEW.limit_key AND s.n = NEW.limit_max - 1) THEN
-            INSERT INTO pgjobs_key_slot (key, n)
-            SELECT NEW.limit_key, g FROM generate_series(0, NEW.limit_max - 1) AS g
-            ON CONFLICT DO NOTHING;
+        IF TG_OP = 'INSERT' THEN
+            PERFORM pgjobs_limit_slots(NEW.limit_key, NEW.limit_max);
         END IF;
-        SELECT s.n INTO free
-        FROM pgjobs_key_slot AS s,
-             (SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l
-                               WHERE l.key = NEW.limit_key), NEW.limit_max) AS cap) AS c
-        WHERE s.key = NEW.limit_key AND s.job_id IS NULL AND s.n < c.cap
-          AND NOT EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
-                          WHERE o.key = NEW.limit_key AND o.n >= c.cap AND o.job_id IS NOT NULL)
-        ORDER BY s.n
-        LIMIT 1
-        FOR UPDATE OF s SKIP LOCKED;
-        IF FOUND THEN
-            UPDATE pgjobs_key_slot SET job_id = NEW.id WHERE key = NEW.limit_key AND n = free;
-            NEW.limit_slot := free;
-        END IF;
+        NEW.limit_slot := pgjobs_limit_take(NEW.limit_key, NEW.limit_max, NEW.id);
     END IF;
     IF NEW.limit_slot IS NULL THEN
         NEW.status := 'throttled';
@@ -147,17 +134,14 @@ LANGUAGE plpgsql AS $$
 DECLARE
     next_job bigint;
 BEGIN
-    SELECT j.id INTO next_job
-    FROM pgjobs_job AS j,
-         (SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l
-                           WHERE l.key = OLD.limit_key), OLD.limit_max) AS cap) AS c
-    WHERE j.limit_key = OLD.limit_key AND j.status = 'throttled'
-      AND OLD.limit_slot < c.cap
-      AND NOT EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
-                      WHERE o.key = OLD.limit_key AND o.n >= c.cap AND o.job_id IS NOT NULL)
-    ORDER BY j.priority DESC, j.run_at, j.id
-    LIMIT 1
-    FOR UPDATE OF j SKIP LOCKED;
+    IF OLD.limit_slot < pgjobs_limit_room(OLD.limit_key, OLD.limit_max) THEN
+        SELECT j.id INTO next_job
+        FROM pgjobs_job AS j
+        WHERE j.limit_key = OLD.limit_key AND j.status = 'throttled'
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+    END IF;
     UPDATE pgjobs_key_slot SET job_id = next_job
     WHERE key = OLD.limit_key AND n = OLD.limit_slot AND job_id = OLD.id;
     IF FOUND AND next_job IS NOT NULL THEN
@@ -199,6 +183,7 @@ DROP FUNCTION pgjobs_limit_park();
 DROP FUNCTION pgjobs_limit_slots(text, integer);
 DROP FUNCTION pgjobs_limit_admit(text, integer);
 DROP FUNCTION pgjobs_limit_take(text, integer, bigint);
+DROP FUNCTION pgjobs_limit_room(text, integer);
 """
 
 
