@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse
 
 from .. import stats, transitions
 from ..models import KeyLimit
-from ..validation import MAX_RUNNING_LIMIT, limit_key_problem
+from ..validation import MAX_RUNNING_LIMIT, limit_key_problem, max_running_problem
 from .display import duration_text, time_text
 
 KEYS_SHOWN = 100
@@ -47,8 +47,9 @@ class KeyLimitForm(forms.ModelForm):
 
     def clean_max_running(self) -> int:
         value = self.cleaned_data["max_running"]
-        if not 1 <= value <= MAX_RUNNING_LIMIT:
-            raise forms.ValidationError(f"must be from 1 to {MAX_RUNNING_LIMIT}")
+        problem = max_running_problem(value)
+        if problem is not None:
+            raise forms.ValidationError(f"max_running {problem}")
         return int(value)
 
 

@@ -265,9 +265,6 @@ class Settler(threading.Thread):
                     self._beats[ctx.job.id] = (ctx, time.monotonic() + ctx.job.lease_seconds / 3)
 
 
-__all__ = ["Settler", "SettlerConfig"]
-
-
 class Loan:
     """The outcomes a claim borrowed from the settler (``Settler.lend``)."""
 
@@ -279,3 +276,6 @@ class Loan:
         """The claim's transaction committed them, with the database's answer for each."""
         batch, self.outcomes = self.outcomes, []
         self._settler._answered(batch, applied)
+
+
+__all__ = ["Loan", "Settler", "SettlerConfig"]
