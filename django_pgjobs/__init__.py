@@ -25,7 +25,7 @@ from .exceptions import (
     UnknownQueue,
     UnknownTask,
 )
-from .limits import Limit
+from .limits import Limit, Rate, RateLimited
 from .registry import Handler, job, redact
 from .ticks import Schedule
 
@@ -46,6 +46,8 @@ __all__ = [
     "PayloadTooLarge",
     "Permanent",
     "PgJobsError",
+    "Rate",
+    "RateLimited",
     "RetryAfter",
     "Schedule",
     "Snooze",

@@ -206,8 +206,8 @@ def _insert(rows: Sequence[Row], alias: str, notify: bool) -> list[Job | None]:
 def _many_rows(rows: Sequence[Row]) -> tuple[list[Combination], str]:
     """The combinations of ``rows``, and each row's own values as one JSON document.
 
-    A row is ``[combination, payload]``, then its schedule tick, traceparent and limit key
-    when it has any of them: joining the already encoded payloads costs a fraction of quoting
+    A row is ``[combination, payload]``, then its schedule tick, traceparent, limit key and
+    weight when it has any of them: joining the already encoded payloads costs a fraction of quoting
     a text array of them, and the server parses the document once.
     """
     combinations: list[Combination] = []
@@ -225,7 +225,8 @@ def _many_rows(rows: Sequence[Row]) -> tuple[list[Combination], str]:
             scheduled_at = row.scheduled_at
             parts.append(f"[{number},{row.encoded},{json.dumps(row.schedule_id)},"
                          f"{json.dumps(scheduled_at and scheduled_at.isoformat())},"
-                         f"{json.dumps(traceparent)},{json.dumps(row.limit_key)}]")
+                         f"{json.dumps(traceparent)},{json.dumps(row.limit_key)},"
+                         f"{json.dumps(row.rate_weight)}]")
     return combinations, f"[{','.join(parts)}]"
 
 

@@ -51,11 +51,11 @@ class InvalidJobOption(EnqueueError):
 
 
 class InvalidLimitKey(EnqueueError):
-    """A handler's ``Limit`` could not give this job a key: its key function raised, or gave
-    something other than a short string."""
+    """A handler's ``Limit`` or ``Rate`` could not give this job a key or a weight: its
+    function raised, or gave something other than a short string (a whole number)."""
 
-    def __init__(self, task: str, problem: str) -> None:
-        super().__init__(f"task {task!r}: the limit key {problem}")
+    def __init__(self, task: str, problem: str, *, what: str = "limit key") -> None:
+        super().__init__(f"task {task!r}: the {what} {problem}")
         self.task = task
 
 

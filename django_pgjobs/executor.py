@@ -14,6 +14,7 @@ import inspect
 import json
 import time
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from .claimed import ClaimedJob
 from .conf import settings
 from .context import JobContext
 from .exceptions import Snooze, TimedOut
+from .limits import RateLimited
 from .outcomes import Outcome
 from .payloads import written_out
 from .registry import Handler, redactor_for, registry, upgrade_payload
@@ -141,6 +143,10 @@ def _prepare(job: ClaimedJob, started: float) -> tuple[Handler, Any] | Outcome:
 
 
 def _raised(job: ClaimedJob, handler: Handler, started: float, exc: BaseException) -> Outcome:
+    if isinstance(exc, RateLimited):
+        # The key is held back whatever becomes of this job: the service said so.
+        return replace(_snoozed(job, started, exc.seconds), push_back_key=exc.key,
+                       push_back_seconds=exc.retry_after)
     if isinstance(exc, Snooze):
         return _snoozed(job, started, exc.seconds)
     tb = "".join(traceback.format_exception(exc))

@@ -32,6 +32,7 @@ from .transitions import (
     raise_waiting_priorities,
     ready_queues,
     rescue_expired_leases,
+    start_rate_heads,
 )
 from .validation import escape_control, number_problem, whole_number_problem
 
@@ -62,6 +63,9 @@ class Step:
     backlog_at: int | None = None
     # A step that made jobs ready wakes the worker's idle executors.
     wakes_workers: bool = False
+    # Seconds until the step has work again, when it knows (asked after each run): it runs then
+    # if that is sooner than its interval.
+    due_again_in: Callable[[], float | None] | None = None
     next_due: float = 0.0
 
     def __post_init__(self) -> None:
@@ -79,6 +83,9 @@ class Step:
             self.next_due = now
             return
         self.next_due = now + self.interval_seconds * random.uniform(0.9, 1.1)
+        again = self.due_again_in() if self.due_again_in is not None else None
+        if again is not None:
+            self.next_due = min(self.next_due, now + max(0.0, again))
 
 
 def promote_step(using: str = DEFAULT_DB_ALIAS) -> int:
@@ -103,6 +110,23 @@ def rescue_step(using: str = DEFAULT_DB_ALIAS) -> int:
 def admit_step(using: str = DEFAULT_DB_ALIAS) -> int:
     """Give free slots to throttled jobs the statements that freed them could not see."""
     return admit_waiting_keys(settings.PROMOTE_BATCH, using=using)
+
+
+class RateStep:
+    """Make ready the jobs under a rate whose time to start has come, and remember when the
+    next one's comes: the step runs again then, so a rate of several a second is kept to the
+    worker's wake-up resolution, not to its poll interval."""
+
+    def __init__(self) -> None:
+        self.next_in: float | None = None
+
+    def __call__(self, using: str = DEFAULT_DB_ALIAS) -> int:
+        self.next_in = None
+        started, self.next_in = start_rate_heads(settings.PROMOTE_BATCH, using=using)
+        return started
+
+    def due_again_in(self) -> float | None:
+        return self.next_in
 
 
 def orphaned_slots_step(using: str = DEFAULT_DB_ALIAS) -> int:
@@ -333,6 +357,7 @@ def default_steps(
         # triggers) are looked for on the rescue step's.
         Step("limits", poll_interval, admit_step, wakes_workers=True),
         Step("orphaned slots", float(settings.RESCUE_INTERVAL_SECONDS), orphaned_slots_step),
+        _rate_step(poll_interval),
         Step("prune", float(settings.PRUNE_INTERVAL_SECONDS), prune_finished,
                  backlog_at=int(settings.PRUNE_BATCH)),
         # Syncs the declared schedules on its first run, then enqueues due ticks in batches.
@@ -349,6 +374,12 @@ def default_steps(
         steps.append(Step("backlog", float(settings.BACKLOG_CHECK_INTERVAL_SECONDS),
                               BacklogWatch(queues)))
     return steps
+
+
+def _rate_step(poll_interval: float) -> Step:
+    run = RateStep()
+    return Step("rates", poll_interval, run, wakes_workers=True, backlog_at=int(
+        settings.PROMOTE_BATCH), due_again_in=run.due_again_in)
 
 
 def _positive_seconds(name: str, value: object, *, allow_zero: bool = False) -> None:

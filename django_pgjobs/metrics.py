@@ -164,12 +164,25 @@ class StatsCollector(Collector):
             "pgjobs_limit_max_running", "A limit key's limit: an operator's, else declared.",
             labels=["key"],
         )
+        rate = GaugeMetricFamily(
+            "pgjobs_limit_rate_per_second", "A rate key's declared starts a second.",
+            labels=["key"],
+        )
+        next_start = GaugeMetricFamily(
+            "pgjobs_limit_next_start_seconds",
+            "Seconds until a rate key's next job may start (0: now).",
+            labels=["key"],
+        )
         for key in limits:
             held.add_metric([key.key], key.running + key.ready)
             waiting.add_metric([key.key], key.waiting)
-            if key.max_running is not None:
+            if key.rate_per_second is not None:
+                rate.add_metric([key.key], key.rate_per_second)
+                next_start.add_metric([key.key], max(key.next_start_seconds or 0.0,
+                                                     key.held_back_seconds or 0.0))
+            elif key.max_running is not None:
                 limit.add_metric([key.key], key.max_running)
-        yield from (held, waiting, limit)
+        yield from (held, waiting, limit, rate, next_start)
         yield GaugeMetricFamily(
             "pgjobs_leases_expired",
             "Running jobs whose lease has expired; the rescue step will take them back.",

@@ -208,6 +208,12 @@ class Job(models.Model):
     )
     limit_max = models.PositiveIntegerField(null=True, blank=True)
     limit_slot = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Under a Rate (limit_max 1: the key's one slot is held by the job that starts next, from
+    # when it is given it until its claim): seconds between starts of one unit of weight, how
+    # many units may start at once, and how many this job weighs.
+    rate_interval = models.FloatField(null=True, blank=True)
+    rate_burst = models.PositiveIntegerField(null=True, blank=True)
+    rate_weight = models.PositiveIntegerField(null=True, blank=True)
     failure_class = models.CharField(
         max_length=32, blank=True, default="", choices=FailureClass.choices
     )
@@ -271,6 +277,13 @@ class Job(models.Model):
                 name="pgjobs_job_throttled_idx",
                 condition=Q(status=JobStatus.THROTTLED),
             ),
+            # The next job of each rate key, waiting for its time (it holds the key's slot):
+            # what the limits step makes ready when that time comes, and when it next must.
+            models.Index(
+                fields=["run_at"],
+                name="pgjobs_job_rate_next_idx",
+                condition=Q(status=JobStatus.THROTTLED, limit_slot__isnull=False),
+            ),
             # The admin's search by trace id; without it a search reads the whole history.
             models.Index(
                 fields=["trace_id"], name="pgjobs_job_trace_idx", condition=~Q(trace_id="")
@@ -324,6 +337,14 @@ class Job(models.Model):
                 condition=Q(limit_key__isnull=True, limit_max__isnull=True)
                 | Q(limit_key__isnull=False, limit_max__gte=1, limit_max__lte=MAX_RUNNING_LIMIT),
                 name="pgjobs_job_limit_pair",
+            ),
+            models.CheckConstraint(
+                condition=Q(rate_interval__isnull=True, rate_burst__isnull=True,
+                            rate_weight__isnull=True)
+                | Q(limit_key__isnull=False, limit_max=1, rate_interval__gt=0,
+                    rate_weight__gte=1, rate_burst__gte=models.F("rate_weight"),
+                    rate_burst__lte=MAX_RUNNING_LIMIT),
+                name="pgjobs_job_rate_whole",
             ),
             models.CheckConstraint(
                 condition=Q(schedule__isnull=True, scheduled_at__isnull=True)
@@ -407,6 +428,26 @@ class KeyLimit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} (at most {self.max_running})"
+
+
+class KeyRate(models.Model):
+    """A rate key's state: when its starts so far would end, spaced at its rate (its
+    theoretical arrival time), and until when a handler's ``RateLimited`` holds it back.
+
+    Written by the claims that start its jobs and by push-backs, never by an enqueue: a
+    caller's transaction holds no lock a worker waits for.
+    """
+
+    key = models.CharField(primary_key=True, max_length=LIMIT_KEY_MAX_LENGTH)
+    tat = models.DateTimeField(null=True, blank=True)  # None: no start charged yet
+    blocked_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pgjobs_key_rate"
+        verbose_name = "rate"
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class KeySlot(models.Model):

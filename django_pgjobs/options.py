@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from .conf import checked, settings
 from .exceptions import InvalidJobOption, PayloadNotJSON, UnknownQueue, UnknownTask
+from .limits import Limit, Rate
 from .payloads import encode_json
 from .registry import Handler, registry
 from .validation import (
@@ -134,7 +135,10 @@ class Checked:
     trace_id: str
     fairness_key: str | None
     # The handler's Limit: its max_running is the jobs', each job's key comes from its payload.
+    # A Rate's key has one slot, held by the job that starts next; its interval and burst.
     limit_max: int | None
+    rate_interval: float | None
+    rate_burst: int | None
 
 
 def check_options(task: Any, given: Mapping[str, Any], tick: Any, defaults: Defaults) -> Checked:
@@ -193,8 +197,15 @@ def check_options(task: Any, given: Mapping[str, Any], tick: Any, defaults: Defa
         timeout_seconds=seconds_of(timeout) if timeout is not None else None,
         trace_id=options["trace_id"] or "",
         fairness_key=options["fairness_key"],
-        limit_max=handler.limit.max_running if handler.limit is not None else None,
+        **_limit_columns(handler.limit),
     )
+
+
+def _limit_columns(limit: Limit | Rate | None) -> dict[str, Any]:
+    if isinstance(limit, Rate):
+        return {"limit_max": 1, "rate_interval": limit.interval, "rate_burst": limit.burst}
+    return {"limit_max": None if limit is None else limit.max_running, "rate_interval": None,
+            "rate_burst": None}
 
 
 # Options that always have a value by now (a default if not given): checked whatever it is.

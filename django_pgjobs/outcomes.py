@@ -88,6 +88,9 @@ class Outcome:
     traceback: str = ""
     result_json: str | None = None
     duration_ms: int | None = None
+    # A handler's RateLimited: its key (None: the job's own) starts nothing for these seconds.
+    push_back_key: str | None = None
+    push_back_seconds: float | None = None
     # For log lines only.
     task: str = ""
     trace_id: str = ""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .conf import settings
 from .exceptions import InvalidJobOption
-from .limits import Limit
+from .limits import Limit, Rate
 from .redaction import Redactor, compile_path
 from .ticks import Schedule
 from .validation import OPTION_RULES, queue_problem, task_name_problem
@@ -50,7 +50,7 @@ class Handler:
         cron: str | None = None,
         timezone: str | None = None,
         schedules: Iterable[Schedule] = (),
-        limit: Limit | None = None,
+        limit: Limit | Rate | None = None,
     ) -> None:
         problem = task_name_problem(name)
         if problem is not None:
@@ -74,10 +74,10 @@ class Handler:
                 f"task {name!r}: heartbeat=True needs an explicit lease= "
                 "(heartbeats are for work that declares a longer lease)"
             )
-        if limit is not None and not isinstance(limit, Limit):
+        if limit is not None and not isinstance(limit, Limit | Rate):
             raise InvalidJobOption(
-                f"task {name!r}: limit must be a django_pgjobs.Limit(max_running, key=...), "
-                f"got {type(limit).__name__}")
+                f"task {name!r}: limit must be a django_pgjobs.Limit(max_running, key=...) or "
+                f"Rate(count, per, ...), got {type(limit).__name__}")
         if isolation not in ISOLATIONS:
             raise InvalidJobOption(
                 f"task {name!r}: isolation must be one of {', '.join(ISOLATIONS)}, "
@@ -96,7 +96,8 @@ class Handler:
         # "process": the handler runs in a child process, which the worker kills at the timeout
         # or a cancel; a thread cannot be killed.
         self.isolation = isolation
-        # At most limit.max_running jobs of one limit key run at once (docs/limits.md).
+        # At most limit.max_running jobs of one limit key run at once, or start at most
+        # limit.count per limit.per (docs/limits.md).
         self.limit = limit
         # An async def handler runs on the worker's event loop, many at once.
         self.is_async = inspect.iscoroutinefunction(func)
@@ -221,7 +222,23 @@ class Registry:
                     f"schedule {schedule.name!r} of task {handler.name!r} is already declared "
                     f"by task {owner!r}: schedule names are unique"
                 )
+        if handler.limit is not None:
+            name = handler.limit.name or handler.name
+            for other in self._handlers.values():
+                if (other.name != handler.name and other.limit is not None
+                        and (other.limit.name or other.name) == name
+                        and type(other.limit) is not type(handler.limit)):
+                    raise InvalidJobOption(
+                        f"task {handler.name!r}: its {type(handler.limit).__name__} is named "
+                        f"{name!r}, which task {other.name!r} names its "
+                        f"{type(other.limit).__name__}: a name's keys are one kind of limit")
         self._handlers[handler.name] = handler
+
+    def is_rate_key(self, key: str) -> bool:
+        """Whether limit key ``key`` (``name:key``) is a ``Rate``'s, by the handlers here."""
+        name = key.partition(":")[0]
+        return any(isinstance(h.limit, Rate) and (h.limit.name or h.name) == name
+                   for h in self._handlers.values())
 
     def _schedule_owner(self, name: str) -> str | None:
         for handler in self._handlers.values():

@@ -17,6 +17,7 @@ from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
 from .exceptions import InvalidJobOption
+from .limits import Rate
 from .models import Job
 from .options import Checked, Defaults, JobSpec, Tick, check_options, checked_tick
 from .payloads import encode_json
@@ -27,12 +28,13 @@ from .registry import Handler, registry
 ROW_COLUMNS = (
     "task", "payload_version", "queue", "payload", "priority", "run_at", "delay_seconds",
     "max_attempts", "max_age_seconds", "lease_seconds", "idempotency_key", "unique_key",
-    "unique_period", "timeout_seconds", "trace_id", "fairness_key", "limit_max", "schedule_id",
-    "scheduled_at", "limit_key",
+    "unique_period", "timeout_seconds", "trace_id", "fairness_key", "limit_max", "rate_interval",
+    "rate_burst", "schedule_id", "scheduled_at", "limit_key", "rate_weight",
 )
-# A row's own values among the shared ones: its payload, and from its tick on, the last three
-# columns (its tick and its limit key).
+# A row's own values among the shared ones: its payload, and from its tick on, the last four
+# columns (its tick, its limit key and its weight under a rate).
 _PAYLOAD_AT = ROW_COLUMNS.index("payload")
+_OWN = frozenset({"payload", "schedule_id", "scheduled_at", "limit_key", "rate_weight"})
 _TICK_AT = ROW_COLUMNS.index("schedule_id")
 
 
@@ -45,6 +47,7 @@ class Row:
     encoded: str  # the payload
     tick: Tick | None
     limit_key: str | None = None
+    rate_weight: int | None = None
     traceparent: str | None = None
 
     # What a unique index may refuse the row for, and what the spans of its enqueue name.
@@ -80,7 +83,7 @@ class Row:
     def values(self) -> tuple[Any, ...]:
         """The row's values in ROW_COLUMNS' order."""
         return (*self.combination.head, self.encoded, *self.combination.tail,
-                self.schedule_id, self.scheduled_at, self.limit_key)
+                self.schedule_id, self.scheduled_at, self.limit_key, self.rate_weight)
 
     def job(self, answered: dict[str, Any], alias: str) -> Job:
         """The job this row became: ``answered`` holds what its INSERT returned."""
@@ -89,6 +92,7 @@ class Row:
         answered["schedule_id"] = self.schedule_id
         answered["scheduled_at"] = self.scheduled_at
         answered["limit_key"] = self.limit_key
+        answered["rate_weight"] = self.rate_weight
         return self.combination.new_job(answered, alias)
 
 
@@ -173,7 +177,7 @@ class Combination:
             )
         checked = check_options(spec.task, dict(spec.options), spec.tick, defaults)
         shared = {name: getattr(checked, name) for name in ROW_COLUMNS
-                  if name not in ("payload", "schedule_id", "scheduled_at", "limit_key")}
+                  if name not in _OWN}
         return cls(checked,
                    tuple(shared[c] for c in ROW_COLUMNS[:_PAYLOAD_AT]),
                    tuple(shared[c] for c in ROW_COLUMNS[_PAYLOAD_AT + 1:_TICK_AT]))
@@ -202,9 +206,11 @@ class Combination:
                               max_depth=defaults.max_payload_depth)
         checked = self.checked
         limit = checked.handler.limit
-        limit_key = (None if limit is None
-                     else limit.key_of(checked.task, spec.payload, checked.fairness_key))
-        return Row(self, spec.payload, encoded, tick, limit_key)
+        if limit is None:
+            return Row(self, spec.payload, encoded, tick)
+        limit_key = limit.key_of(checked.task, spec.payload, checked.fairness_key)
+        weight = limit.weight_of(checked.task, spec.payload) if isinstance(limit, Rate) else None
+        return Row(self, spec.payload, encoded, tick, limit_key, weight)
 
     def new_job(self, own: dict[str, Any], alias: str) -> Job:
         """A job of this combination, saved in ``alias``, with ``own`` attribute values.
@@ -244,6 +250,7 @@ class Combination:
             timeout_seconds=checked.timeout_seconds, trace_id=checked.trace_id,
             fairness_key=checked.fairness_key, schedule_id=None, scheduled_at=None,
             limit_key=None, limit_max=checked.limit_max, limit_slot=None,
+            rate_interval=checked.rate_interval, rate_burst=checked.rate_burst, rate_weight=None,
         )
 
 

@@ -146,6 +146,22 @@ class KeyLimitStats:
     set_by_operator: bool
     waiting: int  # throttled
     oldest_waiting_seconds: float | None
+    # A Rate's key: its starts a second and burst; when its next job may start (None: now, or
+    # none waits); how much longer a handler's RateLimited holds it back.
+    rate_per_second: float | None = None
+    rate_burst: int | None = None
+    next_start_seconds: float | None = None
+    held_back_seconds: float | None = None
+
+    @property
+    def rate(self) -> str:
+        """The rate as operators read it: "2/s" or "1 every 30s", and its burst above 1."""
+        if self.rate_per_second is None:
+            return ""
+        per = self.rate_per_second
+        said = f"{per:g}/s" if per >= 1 else f"1 every {1 / per:.3g}s"
+        return said + (f", burst {self.rate_burst}" if self.rate_burst and self.rate_burst > 1
+                       else "")
 
 
 @dataclass(frozen=True)
@@ -312,9 +328,16 @@ def key_limits(*, limit: int = LIMIT_KEYS_SHOWN, using: str = DEFAULT_DB_ALIAS
         key=str(r["key"]), running=int(r["running"]), ready=int(r["ready"]),
         max_running=None if r["max_running"] is None else int(r["max_running"]),
         set_by_operator=bool(r["set_by_operator"]), waiting=int(r["waiting"]),
-        oldest_waiting_seconds=(None if r["oldest_waiting_seconds"] is None
-                                else float(r["oldest_waiting_seconds"])),
+        oldest_waiting_seconds=_float(r["oldest_waiting_seconds"]),
+        rate_per_second=_float(r["rate_per_second"]),
+        rate_burst=None if r["rate_burst"] is None else int(r["rate_burst"]),
+        next_start_seconds=_float(r["next_start_seconds"]),
+        held_back_seconds=_float(r["held_back_seconds"]),
     ) for r in _fetch_named("stats_limit_keys", {"limit": limit}, using)]
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:

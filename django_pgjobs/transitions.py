@@ -61,6 +61,7 @@ from .claimed import ClaimedJob, claimed_jobs
 from .conf import settings
 from .models import Job, KeyLimit, OperatorAction, OperatorActionKind, QueueState
 from .outcomes import Outcome
+from .registry import registry
 from .retry import decide
 from .status import (
     ACTIVE_STATUSES,
@@ -172,7 +173,8 @@ def settle_and_claim(
         return {}, claim_jobs(worker_id, queue, limit, using=using)
     reports = _reports(outcomes)
     with transaction.atomic(using=using):
-        (_, settled), (columns, rows) = prepared.run(using, [
+        *_, (_, settled), (columns, rows) = prepared.run(using, [
+            *_push_backs(outcomes),
             (_SETTLE, [reports]),
             (claim_statement(limit), {"queue": queue, "worker_id": worker_id}),
         ], whole_block=True)
@@ -278,11 +280,22 @@ def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dic
     """
     if not outcomes:
         return {}
-    [(_, rows)] = prepared.run(using, [(_SETTLE, [_reports(outcomes)])])
+    *_, (_, rows) = prepared.run(using, [*_push_backs(outcomes),
+                                         (_SETTLE, [_reports(outcomes)])])
     return _applied(outcomes, rows)
 
 
 _SETTLE = prepared.Statement("settle", sql.query("settle_jobs"))
+_PUSH_BACK = prepared.Statement("push_back", sql.query("push_back_rates"))
+
+
+def _push_backs(outcomes: Sequence[Outcome]) -> list[tuple[prepared.Statement, list[str]]]:
+    """The statement that applies the batch's RateLimited push-backs, before its settlement;
+    none when it has none. A push-back is what the handler heard from the service it called, so
+    it is applied whether or not its outcome still holds the lease."""
+    pushed = [{"job_id": o.job_id, "key": o.push_back_key, "seconds": o.push_back_seconds}
+              for o in outcomes if o.push_back_seconds is not None]
+    return [(_PUSH_BACK, [json.dumps(pushed)])] if pushed else []
 
 
 def _reports(outcomes: Sequence[Outcome]) -> str:
@@ -703,6 +716,15 @@ def admit_waiting_keys(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> int:
         return sum(admitted for _, admitted in cursor.fetchall())
 
 
+def start_rate_heads(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> tuple[int, float | None]:
+    """Make ready up to ``limit`` jobs under a rate whose time to start has come; how many, and
+    in how many seconds the next one's comes (None when none waits for its time)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("start_rate_heads"), {"batch": limit})
+        [(started, _, next_in)] = cursor.fetchall()
+    return int(started), None if next_in is None else float(next_in)
+
+
 def set_key_limit(
     key: str, max_running: int, *, actor: Actor = CODE, reason: str = "",
     using: str = DEFAULT_DB_ALIAS,
@@ -716,6 +738,10 @@ def set_key_limit(
                           (max_running_problem(max_running), "max_running")):
         if problem is not None:
             raise ValueError(f"{what} {problem}")
+    if registry.is_rate_key(key):
+        raise ValueError(f"key {key!r} is a rate's: its one slot is held by the job that starts "
+                         "next, and a higher max_running would let more start than the rate "
+                         "allows")
     with transaction.atomic(using=using):
         limits = KeyLimit.objects.using(using)
         before = limits.filter(key=key).values_list("max_running", flat=True).first()

@@ -9,7 +9,16 @@ from typing import Any
 
 from django.db import connection
 
-from django_pgjobs import Limit, Permanent, RetryAfter, Snooze, Transient, job
+from django_pgjobs import (
+    Limit,
+    Permanent,
+    Rate,
+    RateLimited,
+    RetryAfter,
+    Snooze,
+    Transient,
+    job,
+)
 from django_pgjobs.context import JobContext
 
 events: list[tuple[str, Any]] = []
@@ -249,3 +258,18 @@ def shared_b(ctx: JobContext, payload: Any) -> None:
 @job("tests.limited_bad_key", limit=Limit(1, key=lambda p: p["customer"]))
 def limited_bad_key(ctx: JobContext, payload: Any) -> None:
     return None
+
+
+# --- rates (tests/test_rates.py) ------------------------------------------------------------------
+
+
+@job("tests.rated", limit=Rate(1, per=1, burst=3, key=lambda p: p["account"],
+                               weight=lambda p: p.get("weight", 1)))
+def rated(ctx: JobContext, payload: Any) -> None:
+    return None
+
+
+@job("tests.rated_provider", limit=Rate(1, per=timedelta(seconds=1), name="provider-api"))
+def rated_provider(ctx: JobContext, payload: Any) -> None:
+    if payload.get("retry_after") is not None:
+        raise RateLimited(payload.get("key"), payload["retry_after"])

@@ -526,8 +526,8 @@ def test_the_limits_page_lists_the_keys_in_use_before_the_operators_rows(login) 
     table = page.split('id="pgjobs-limit-keys"', 1)[1].split("</table>", 1)[0]
     cells = [re.findall(r"<t[hd][^>]*>([^<]*)</t[hd]>", row)
              for row in table.split("<tr>")[2:]]
-    assert cells == [["tests.limited:acme", "1", "1", "2", "2", "0s"],
-                     ["tests.limited:other", "0", "0", "5 (set here)", "0", "-"]]
+    assert cells == [["tests.limited:acme", "1", "1", "2", "2", "0s", "-", "-"],
+                     ["tests.limited:other", "0", "0", "5 (set here)", "0", "-", "-", "-"]]
     assert "Limits set by operators" in page and "tests.limited:other" in page.split(
         "Limits set by operators", 1)[1]
 

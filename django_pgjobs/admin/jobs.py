@@ -106,7 +106,7 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     inlines = [AttemptInline]
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
     readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",
-                       "schedule_link", "cancel_shown", *TIME_FIELDS)
+                       "schedule_link", "cancel_shown", "rate_shown", *TIME_FIELDS)
     fieldsets = (
         (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "cancel_shown",
                            "failure_class", "priority", "base_priority")}),
@@ -123,10 +123,21 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
                                  "scheduled_at_shown")}),
         # A handler's Limit: the job's key, the limit it was enqueued under, the slot it holds
-        # while ready or running (or held last). docs/limits.md.
-        ("Limit", {"fields": ("limit_key", "limit_max", "limit_slot")}),
+        # while ready or running (or held last); under a Rate, the rate and the job's weight.
+        # docs/limits.md.
+        ("Limit", {"fields": ("limit_key", "limit_max", "limit_slot", "rate_shown",
+                              "rate_weight")}),
         ("Operator actions", {"fields": ("operator_history",)}),
     )
+
+    @admin.display(description="rate")
+    def rate_shown(self, job: Job) -> str:
+        if job.rate_interval is None:
+            return "-"
+        per_second = 1 / job.rate_interval
+        said = f"{per_second:g} a second" if per_second >= 1 else \
+            f"1 every {job.rate_interval:.3g}s"
+        return f"{said}, burst {job.rate_burst}"
 
     # --- permissions (ACTIONS names these) ---
 

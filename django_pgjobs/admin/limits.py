@@ -68,9 +68,12 @@ class KeyLimitAdmin(admin.ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         # Above the operators' rows: every key in use, as pgjobs_stats lists them.
-        keys = [{**asdict(key), "oldest_waiting": "-" if key.oldest_waiting_seconds is None
-                  else duration_text(key.oldest_waiting_seconds)}
-                 for key in stats.key_limits(limit=KEYS_SHOWN)]
+        keys = [{**asdict(key), "rate": key.rate,
+                 "oldest_waiting": _seconds_text(key.oldest_waiting_seconds),
+                 "next_start": ("now" if key.rate and not key.next_start_seconds
+                                else _seconds_text(key.next_start_seconds)),
+                 "held_back": _seconds_text(key.held_back_seconds)}
+                for key in stats.key_limits(limit=KEYS_SHOWN)]
         return super().changelist_view(request, {
             **(extra_context or {}), "keys_in_use": keys, "keys_shown": KEYS_SHOWN})
 
@@ -86,3 +89,7 @@ class KeyLimitAdmin(admin.ModelAdmin):
                                   actor=transitions.Actor.of(request.user),
                                   reason=form.cleaned_data.get("reason", ""))
         obj.refresh_from_db()
+
+
+def _seconds_text(seconds: float | None) -> str:
+    return "-" if seconds is None else duration_text(seconds)

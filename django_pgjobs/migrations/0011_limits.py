@@ -43,6 +43,42 @@ BEGIN
 END
 $$;
 
+-- When the next job of rate key k may start, if it weighs `weight`: the generic cell rate
+-- algorithm. The key's tat (theoretical arrival time) runs `spacing` seconds per unit of weight
+-- ahead of the starts charged to it so far; a job may start once, with its weight added, tat
+-- is no more than `burst` units ahead of it; and not before a handler's push-back. Now, when
+-- nothing holds it back.
+CREATE FUNCTION pgjobs_rate_next(k text, spacing float8, burst integer, weight integer)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT GREATEST(clock_timestamp(),
+                    (SELECT GREATEST(r.tat + make_interval(secs => (weight - burst) * spacing),
+                                     r.blocked_until)
+                     FROM pgjobs_key_rate AS r WHERE r.key = k))
+$$;
+
+-- Give job j (locked, throttled, under a rate) the slot of its key: it is ready if it may start
+-- now; otherwise it stays throttled, holding the slot, with its run_at set to when it may (the
+-- limits step makes it ready then). True when it is ready.
+CREATE FUNCTION pgjobs_rate_give(j bigint, slot integer) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    next_at timestamptz;
+BEGIN
+    SELECT pgjobs_rate_next(limit_key, rate_interval, rate_burst, rate_weight) INTO next_at
+    FROM pgjobs_job WHERE id = j;
+    IF next_at <= clock_timestamp() THEN
+        UPDATE pgjobs_job
+        SET status = 'ready', limit_slot = slot, updated_at = statement_timestamp()
+        WHERE id = j;
+        RETURN true;
+    END IF;
+    UPDATE pgjobs_job SET limit_slot = slot, run_at = next_at, updated_at = statement_timestamp()
+    WHERE id = j;
+    RETURN false;
+END
+$$;
+
 -- Give the free slots of key k to its throttled jobs, highest priority and oldest first, while
 -- both last; wake the workers of the queues they are in. Return how many were given one.
 CREATE FUNCTION pgjobs_limit_admit(k text, cap integer) RETURNS integer
@@ -50,23 +86,30 @@ LANGUAGE plpgsql AS $$
 DECLARE
     next_job bigint;
     next_queue text;
+    rated boolean;
     slot integer;
     admitted integer := 0;
 BEGIN
     LOOP
-        SELECT j.id, j.queue INTO next_job, next_queue
+        SELECT j.id, j.queue, j.rate_interval IS NOT NULL INTO next_job, next_queue, rated
         FROM pgjobs_job AS j
-        WHERE j.limit_key = k AND j.status = 'throttled'
+        WHERE j.limit_key = k AND j.status = 'throttled' AND j.limit_slot IS NULL
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT 1
         FOR UPDATE SKIP LOCKED;
         EXIT WHEN NOT FOUND;
         slot := pgjobs_limit_take(k, cap, next_job);
         EXIT WHEN slot IS NULL;
-        UPDATE pgjobs_job
-        SET status = 'ready', limit_slot = slot, updated_at = statement_timestamp()
-        WHERE id = next_job;
-        PERFORM pg_notify('pgjobs', next_queue);
+        IF rated THEN
+            IF pgjobs_rate_give(next_job, slot) THEN
+                PERFORM pg_notify('pgjobs', next_queue);
+            END IF;
+        ELSE
+            UPDATE pgjobs_job
+            SET status = 'ready', limit_slot = slot, updated_at = statement_timestamp()
+            WHERE id = next_job;
+            PERFORM pg_notify('pgjobs', next_queue);
+        END IF;
         admitted := admitted + 1;
     END LOOP;
     RETURN admitted;
@@ -93,9 +136,12 @@ $$;
 -- NOTHING) takes no slot here: a refused row would keep it. It waits, and the trigger after the
 -- insert gives it a slot if one is free. (A job becomes ready from throttled only in
 -- pgjobs_limit_admit and pgjobs_limit_release, which give it its slot first; from running, it
--- keeps the one it has.)
+-- keeps the one it has, unless it is under a rate: its claim gave that up.) Under a rate, a job
+-- given the slot before its time waits for it as throttled, holding the slot.
 CREATE FUNCTION pgjobs_limit_park() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    next_at timestamptz;
 BEGIN
     NEW.limit_slot := NULL;
     IF TG_OP = 'UPDATE' OR (NEW.idempotency_key IS NULL AND NEW.unique_key IS NULL
@@ -107,6 +153,13 @@ BEGIN
     END IF;
     IF NEW.limit_slot IS NULL THEN
         NEW.status := 'throttled';
+    ELSIF NEW.rate_interval IS NOT NULL THEN
+        next_at := pgjobs_rate_next(NEW.limit_key, NEW.rate_interval, NEW.rate_burst,
+                                    NEW.rate_weight);
+        IF next_at > clock_timestamp() THEN
+            NEW.status := 'throttled';
+            NEW.run_at := next_at;
+        END IF;
     END IF;
     RETURN NEW;
 END
@@ -123,33 +176,97 @@ BEGIN
 END
 $$;
 
--- After a job left ready and running (settled, rescued, cancelled, dead-lettered, snoozed): in
--- the same statement its slot goes to the key's next throttled job (highest priority, oldest),
--- or is freed when none waits, or when the key's limit was lowered under it (the limits step
--- then gives free slots below the new limit once the key has room). One write of the slot row:
--- handed over, never freed and taken again. No NOTIFY: the job is ready in the settling
--- worker's own transaction, whose claim (sent with it) can take it at once.
-CREATE FUNCTION pgjobs_limit_release() RETURNS trigger
+-- Hand slot `slot` of key k, held by job `holder`, to the key's next throttled job (highest
+-- priority, oldest), or free it when none waits, or when the key's limit was lowered under it
+-- (the limits step then gives free slots below the new limit once the key has room). One write
+-- of the slot row: handed over, never freed and taken again. The next job is ready at once, or
+-- under a rate waits for its time holding the slot. True when a job was made ready.
+CREATE FUNCTION pgjobs_limit_hand_over(k text, cap integer, slot integer, holder bigint)
+RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     next_job bigint;
+    rated boolean;
 BEGIN
-    IF OLD.limit_slot < pgjobs_limit_room(OLD.limit_key, OLD.limit_max) THEN
-        SELECT j.id INTO next_job
+    IF slot < pgjobs_limit_room(k, cap) THEN
+        SELECT j.id, j.rate_interval IS NOT NULL INTO next_job, rated
         FROM pgjobs_job AS j
-        WHERE j.limit_key = OLD.limit_key AND j.status = 'throttled'
+        WHERE j.limit_key = k AND j.status = 'throttled' AND j.limit_slot IS NULL
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT 1
         FOR UPDATE SKIP LOCKED;
     END IF;
-    UPDATE pgjobs_key_slot SET job_id = next_job
-    WHERE key = OLD.limit_key AND n = OLD.limit_slot AND job_id = OLD.id;
-    IF FOUND AND next_job IS NOT NULL THEN
-        UPDATE pgjobs_job
-        SET status = 'ready', limit_slot = OLD.limit_slot, updated_at = statement_timestamp()
-        WHERE id = next_job;
+    UPDATE pgjobs_key_slot SET job_id = next_job WHERE key = k AND n = slot AND job_id = holder;
+    IF NOT FOUND OR next_job IS NULL THEN
+        RETURN false;
     END IF;
+    IF rated THEN
+        RETURN pgjobs_rate_give(next_job, slot);
+    END IF;
+    UPDATE pgjobs_job SET status = 'ready', limit_slot = slot, updated_at = statement_timestamp()
+    WHERE id = next_job;
+    RETURN true;
+END
+$$;
+
+-- After a job that held a slot left ready, running and (under a rate, waiting for its time)
+-- throttled: settled, rescued, cancelled, dead-lettered, snoozed. In the same statement its
+-- slot goes to the key's next job. No NOTIFY: the job is ready in the settling worker's own
+-- transaction, whose claim (sent with it) can take it at once.
+CREATE FUNCTION pgjobs_limit_release() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgjobs_limit_hand_over(OLD.limit_key, OLD.limit_max, OLD.limit_slot, OLD.id);
     RETURN NULL;
+END
+$$;
+
+-- A claim starts a job under a rate: the start is charged to its key (tat moves on by the job's
+-- weight, from the claim's clock if the key was idle), and in the same statement the key's slot
+-- goes to its next job, which is ready at once if the rate allows, or waits for its time.
+-- Before the row is written: the job gives up its slot (limit_slot NULL), so its end frees
+-- nothing. A key's tat is written only by the claim of the one job holding its slot, so no
+-- two claims wait on each other for it.
+CREATE FUNCTION pgjobs_rate_start() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pgjobs_key_rate AS r (key, tat)
+    VALUES (NEW.limit_key,
+            NEW.claimed_at + make_interval(secs => NEW.rate_weight * NEW.rate_interval))
+    ON CONFLICT (key) DO UPDATE
+    SET tat = GREATEST(r.tat, NEW.claimed_at)
+              + make_interval(secs => NEW.rate_weight * NEW.rate_interval);
+    IF pgjobs_limit_hand_over(OLD.limit_key, OLD.limit_max, OLD.limit_slot, OLD.id) THEN
+        PERFORM pg_notify('pgjobs', NEW.queue);
+    END IF;
+    NEW.limit_slot := NULL;
+    RETURN NEW;
+END
+$$;
+
+-- A handler's RateLimited: no job of key k starts for `secs` seconds. Its next job, if it is
+-- ready or waiting and no claim holds it, waits until then (one a claim holds is starting).
+CREATE FUNCTION pgjobs_rate_push_back(k text, secs float8) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    until timestamptz := clock_timestamp() + make_interval(secs => secs);
+    head bigint;
+BEGIN
+    INSERT INTO pgjobs_key_rate AS r (key, blocked_until)
+    VALUES (k, until)
+    ON CONFLICT (key) DO UPDATE
+    SET blocked_until = GREATEST(r.blocked_until, EXCLUDED.blocked_until);
+    SELECT j.id INTO head
+    FROM pgjobs_key_slot AS s
+    JOIN pgjobs_job AS j ON j.id = s.job_id AND j.limit_key = s.key AND j.limit_slot = s.n
+    WHERE s.key = k AND j.rate_interval IS NOT NULL AND j.status IN ('ready', 'throttled')
+      AND j.run_at < until
+    FOR UPDATE OF j SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE pgjobs_job
+        SET status = 'throttled', run_at = until, updated_at = statement_timestamp()
+        WHERE id = head;
+    END IF;
 END
 $$;
 
@@ -160,28 +277,39 @@ CREATE TRIGGER pgjobs_limit_park_insert BEFORE INSERT ON pgjobs_job FOR EACH ROW
     EXECUTE FUNCTION pgjobs_limit_park();
 CREATE TRIGGER pgjobs_limit_park_update BEFORE UPDATE OF status ON pgjobs_job FOR EACH ROW
     WHEN (NEW.limit_key IS NOT NULL AND NEW.status = 'ready'
-          AND OLD.status NOT IN ('ready', 'running', 'throttled'))
+          AND (OLD.status NOT IN ('ready', 'running', 'throttled')
+               OR (OLD.status = 'running' AND OLD.rate_interval IS NOT NULL)))
     EXECUTE FUNCTION pgjobs_limit_park();
+CREATE TRIGGER pgjobs_rate_start BEFORE UPDATE OF status ON pgjobs_job FOR EACH ROW
+    WHEN (OLD.status = 'ready' AND NEW.status = 'running' AND OLD.rate_interval IS NOT NULL
+          AND OLD.limit_slot IS NOT NULL)
+    EXECUTE FUNCTION pgjobs_rate_start();
 CREATE TRIGGER pgjobs_limit_parked AFTER INSERT ON pgjobs_job FOR EACH ROW
     WHEN (NEW.status = 'throttled' AND (NEW.idempotency_key IS NOT NULL
           OR NEW.unique_key IS NOT NULL OR NEW.schedule_id IS NOT NULL))
     EXECUTE FUNCTION pgjobs_limit_parked();
 CREATE TRIGGER pgjobs_limit_release AFTER UPDATE OF status ON pgjobs_job FOR EACH ROW
-    WHEN (OLD.limit_slot IS NOT NULL AND OLD.status IN ('ready', 'running')
-          AND NEW.status NOT IN ('ready', 'running'))
+    WHEN (OLD.limit_slot IS NOT NULL AND OLD.status IN ('ready', 'running', 'throttled')
+          AND NEW.status NOT IN ('ready', 'running', 'throttled'))
     EXECUTE FUNCTION pgjobs_limit_release();
 """
 
 UNDO_LIMITS = """
 DROP TRIGGER pgjobs_limit_release ON pgjobs_job;
+DROP TRIGGER pgjobs_rate_start ON pgjobs_job;
 DROP TRIGGER pgjobs_limit_parked ON pgjobs_job;
 DROP TRIGGER pgjobs_limit_park_update ON pgjobs_job;
 DROP TRIGGER pgjobs_limit_park_insert ON pgjobs_job;
+DROP FUNCTION pgjobs_rate_push_back(text, float8);
+DROP FUNCTION pgjobs_rate_start();
 DROP FUNCTION pgjobs_limit_release();
+DROP FUNCTION pgjobs_limit_hand_over(text, integer, integer, bigint);
 DROP FUNCTION pgjobs_limit_parked();
 DROP FUNCTION pgjobs_limit_park();
 DROP FUNCTION pgjobs_limit_slots(text, integer);
 DROP FUNCTION pgjobs_limit_admit(text, integer);
+DROP FUNCTION pgjobs_rate_give(bigint, integer);
+DROP FUNCTION pgjobs_rate_next(text, float8, integer, integer);
 DROP FUNCTION pgjobs_limit_take(text, integer, bigint);
 DROP FUNCTION pgjobs_limit_room(text, integer);
 """
@@ -205,6 +333,18 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'limit',
                 'db_table': 'pgjobs_key_limit',
+            },
+        ),
+        migrations.CreateModel(
+            name='KeyRate',
+            fields=[
+                ('key', models.CharField(max_length=255, primary_key=True, serialize=False)),
+                ('tat', models.DateTimeField(blank=True, null=True)),
+                ('blocked_until', models.DateTimeField(blank=True, null=True)),
+            ],
+            options={
+                'verbose_name': 'rate',
+                'db_table': 'pgjobs_key_rate',
             },
         ),
         migrations.CreateModel(
@@ -242,6 +382,21 @@ class Migration(migrations.Migration):
             name='limit_slot',
             field=models.PositiveSmallIntegerField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name='job',
+            name='rate_burst',
+            field=models.PositiveIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name='job',
+            name='rate_interval',
+            field=models.FloatField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name='job',
+            name='rate_weight',
+            field=models.PositiveIntegerField(blank=True, null=True),
+        ),
         migrations.AlterField(
             model_name='job',
             name='status',
@@ -262,6 +417,14 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='job',
             constraint=models.CheckConstraint(condition=models.Q(models.Q(('limit_key__isnull', True), ('limit_max__isnull', True)), models.Q(('limit_key__isnull', False), ('limit_max__gte', 1), ('limit_max__lte', 10000)), _connector='OR'), name='pgjobs_job_limit_pair'),
+        ),
+        migrations.AddIndex(
+            model_name='job',
+            index=models.Index(condition=models.Q(('limit_slot__isnull', False), ('status', 'throttled')), fields=['run_at'], name='pgjobs_job_rate_next_idx'),
+        ),
+        migrations.AddConstraint(
+            model_name='job',
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('rate_burst__isnull', True), ('rate_interval__isnull', True), ('rate_weight__isnull', True)), models.Q(('limit_key__isnull', False), ('limit_max', 1), ('rate_burst__gte', models.F('rate_weight')), ('rate_burst__lte', 10000), ('rate_interval__gt', 0), ('rate_weight__gte', 1)), _connector='OR'), name='pgjobs_job_rate_whole'),
         ),
         migrations.AddConstraint(
             model_name='keylimit',

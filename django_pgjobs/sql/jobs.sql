@@ -193,15 +193,45 @@ FROM due
 WHERE j.id = due.id
 RETURNING j.queue
 
--- name: promote_jobs_due_by
--- promote_due_jobs as of a given time instead of the database clock, for the given queues (NULL:
--- every queue): how django_pgjobs.testing.drain(now=...) runs scheduled and retrying jobs before
--- the database's time for them has come. Only the status changes; run_at (when the job was
--- due), the deadline and everything the lease depends on stay as they are.
+-- name: start_rate_heads
+-- The jobs under a rate whose time has come: each holds its key's slot, waiting as throttled
+-- until the rate allows its start (pgjobs_rate_give set its run_at to then). They become ready,
+-- and their queues' workers are woken. The answer: how many, and in how many seconds the next
+-- one's time comes (NULL: none waits).
 WITH due AS (
     SELECT id
     FROM pgjobs_job
-    WHERE status IN ('scheduled', 'retrying') AND run_at <= %(when)s::timestamptz
+    WHERE status = 'throttled' AND limit_slot IS NOT NULL AND run_at <= clock_timestamp()
+    ORDER BY run_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), started AS (
+    UPDATE pgjobs_job AS j
+    SET status = 'ready', updated_at = statement_timestamp()
+    FROM due
+    WHERE j.id = due.id
+    RETURNING j.id, j.queue
+)
+SELECT (SELECT count(*) FROM started) AS started,
+       (SELECT count(pg_notify('pgjobs', q.queue))
+        FROM (SELECT DISTINCT queue FROM started) AS q) AS notified,
+       (SELECT extract(epoch FROM min(w.run_at) - clock_timestamp())
+        FROM pgjobs_job AS w
+        WHERE w.status = 'throttled' AND w.limit_slot IS NOT NULL
+          AND w.id NOT IN (SELECT id FROM started)) AS next_in
+
+-- name: promote_jobs_due_by
+-- promote_due_jobs as of a given time instead of the database clock, for the given queues (NULL:
+-- every queue): how django_pgjobs.testing.drain(now=...) runs scheduled and retrying jobs before
+-- the database's time for them has come, and jobs under a rate whose turn it is (they hold
+-- their key's slot, throttled until their time). Only the status changes; run_at (when the job
+-- was due), the deadline and everything the lease depends on stay as they are.
+WITH due AS (
+    SELECT id
+    FROM pgjobs_job
+    WHERE (status IN ('scheduled', 'retrying')
+           OR (status = 'throttled' AND limit_slot IS NOT NULL))
+      AND run_at <= %(when)s::timestamptz
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
     ORDER BY run_at
     LIMIT %(limit)s
@@ -287,18 +317,18 @@ SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM attempts)
 -- PostgreSQL delivers it only if the caller's transaction commits.
 -- Its rows: what a combination of task and options gives its jobs comes as one array per
 -- column, an element per combination; each job's own values as one JSON document, a JSON array
--- per job: its combination's number, its payload, then its schedule id, tick, traceparent and
--- limit key when it has any of them. A job with a limit key is inserted ready and waits as
--- throttled unless a slot of its key is free (the triggers of docs/limits.md). The jobs are
--- inserted, and answered, in the document's order. One job alone
+-- per job: its combination's number, its payload, then its schedule id, tick, traceparent,
+-- limit key and weight under a rate when it has any of them. A job with a limit key is
+-- inserted ready and waits as throttled unless a slot of its key is free (the triggers of
+-- docs/limits.md). The jobs are inserted, and answered, in the document's order. One job alone
 -- goes through insert_job, planned faster.
 WITH inserted AS (
     INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
                             run_at, attempts, max_attempts, snoozes, deadline, lease_seconds,
                             idempotency_key, unique_key, unique_period_start, timeout_seconds,
-                            trace_id, fairness_key, limit_key, limit_max, schedule_id,
-                            scheduled_at, traceparent, failure_class, terminal_reason,
-                            last_error, created_at, updated_at)
+                            trace_id, fairness_key, limit_key, limit_max, rate_interval,
+                            rate_burst, rate_weight, schedule_id, scheduled_at, traceparent,
+                            failure_class, terminal_reason, last_error, created_at, updated_at)
     SELECT t.task, t.payload_version, t.queue, t.payload::jsonb,
            CASE WHEN t.due > now() THEN 'scheduled' ELSE 'ready' END,
            t.priority, t.priority, t.due, 0, t.max_attempts, 0,
@@ -306,30 +336,34 @@ WITH inserted AS (
            t.idempotency_key, t.unique_key,
            to_timestamp(floor(extract(epoch FROM now()) / t.unique_period) * t.unique_period),
            t.timeout_seconds, t.trace_id, t.fairness_key, t.limit_key, t.limit_max,
-           t.schedule_id, t.scheduled_at, t.traceparent, '', '', '', now(), now()
+           t.rate_interval, t.rate_burst, t.rate_weight, t.schedule_id, t.scheduled_at,
+           t.traceparent, '', '', '', now(), now()
     FROM (
         SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay_seconds)) AS due
         FROM (
             SELECT c.task, c.payload_version, c.queue, j.value -> 1, c.priority, c.run_at,
                    c.delay_seconds, c.max_attempts, c.max_age_seconds, c.lease_seconds,
                    c.idempotency_key, c.unique_key, c.unique_period, c.timeout_seconds,
-                   c.trace_id, c.fairness_key, c.limit_max, (j.value ->> 2)::bigint,
-                   (j.value ->> 3)::timestamptz, j.value ->> 5, j.value ->> 4
+                   c.trace_id, c.fairness_key, c.limit_max, c.rate_interval, c.rate_burst,
+                   (j.value ->> 2)::bigint, (j.value ->> 3)::timestamptz, j.value ->> 5,
+                   (j.value ->> 6)::int, j.value ->> 4
             FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS j(value, place)
             JOIN unnest(%s::text[], %s::int[], %s::text[], %s::int[], %s::timestamptz[],
                         %s::float8[], %s::int[], %s::float8[], %s::int[], %s::text[],
                         %s::text[], %s::float8[], %s::float8[], %s::text[], %s::text[],
-                        %s::int[])
+                        %s::int[], %s::float8[], %s::int[])
                  WITH ORDINALITY AS c(task, payload_version, queue, priority, run_at,
                                       delay_seconds, max_attempts, max_age_seconds,
                                       lease_seconds, idempotency_key, unique_key, unique_period,
-                                      timeout_seconds, trace_id, fairness_key, limit_max, number)
+                                      timeout_seconds, trace_id, fairness_key, limit_max,
+                                      rate_interval, rate_burst, number)
               ON c.number = (j.value ->> 0)::bigint
             ORDER BY j.place
         ) AS u(task, payload_version, queue, payload, priority, run_at, delay_seconds,
                max_attempts, max_age_seconds, lease_seconds, idempotency_key, unique_key,
-               unique_period, timeout_seconds, trace_id, fairness_key, limit_max, schedule_id,
-               scheduled_at, limit_key, traceparent)
+               unique_period, timeout_seconds, trace_id, fairness_key, limit_max,
+               rate_interval, rate_burst, schedule_id, scheduled_at, limit_key, rate_weight,
+               traceparent)
     ) AS t
     -- Any unique index: the idempotency key's, the unique key's (while active, per period), the
     -- schedule tick's.
@@ -352,9 +386,9 @@ FROM inserted AS i
 INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
                         run_at, attempts, max_attempts, snoozes, deadline, lease_seconds,
                         idempotency_key, unique_key, unique_period_start, timeout_seconds,
-                        trace_id, fairness_key, limit_key, limit_max, schedule_id,
-                        scheduled_at, traceparent, failure_class, terminal_reason, last_error,
-                        created_at, updated_at)
+                        trace_id, fairness_key, limit_key, limit_max, rate_interval, rate_burst,
+                        rate_weight, schedule_id, scheduled_at, traceparent, failure_class,
+                        terminal_reason, last_error, created_at, updated_at)
 VALUES (%(task)s, %(payload_version)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN COALESCE(%(run_at)s::timestamptz,
                            now() + make_interval(secs => %(delay_seconds)s::float8)) > now()
@@ -366,7 +400,8 @@ VALUES (%(task)s, %(payload_version)s, %(queue)s, %(payload)s::jsonb,
         to_timestamp(floor(extract(epoch FROM now()) / %(unique_period)s::float8)
                      * %(unique_period)s::float8),
         %(timeout_seconds)s::float8, %(trace_id)s, %(fairness_key)s, %(limit_key)s,
-        %(limit_max)s::int, %(schedule_id)s::bigint, %(scheduled_at)s::timestamptz,
+        %(limit_max)s::int, %(rate_interval)s::float8, %(rate_burst)s::int,
+        %(rate_weight)s::int, %(schedule_id)s::bigint, %(scheduled_at)s::timestamptz,
         %(traceparent)s, '', '', '', now(), now())
 ON CONFLICT DO NOTHING
 -- Read back by column name, like insert_jobs' answer.

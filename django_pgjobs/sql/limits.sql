@@ -4,14 +4,15 @@
 
 -- name: orphaned_slots
 -- Held slots whose holder does not hold them as this statement sees it: gone (deleted), or
--- changed by a writer the triggers did not see. Locked, skipping any another transaction holds
+-- changed by a writer the triggers did not see. A holder is ready or running, or under a rate
+-- throttled until its time. Locked, skipping any another transaction holds
 -- (it may be taking or freeing it); free_orphaned_slots reads them again after the lock.
 SELECT s.key, s.n, s.job_id
 FROM pgjobs_key_slot AS s
 WHERE s.job_id IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM pgjobs_job AS j
                   WHERE j.id = s.job_id AND j.limit_key = s.key AND j.limit_slot = s.n
-                    AND j.status IN ('ready', 'running'))
+                    AND j.status IN ('ready', 'running', 'throttled'))
 LIMIT %(batch)s
 FOR UPDATE OF s SKIP LOCKED
 
@@ -25,7 +26,7 @@ FROM jsonb_to_recordset(%(slots)s::jsonb) AS o(key text, n int, job_id bigint)
 WHERE s.key = o.key AND s.n = o.n AND s.job_id = o.job_id
   AND NOT EXISTS (SELECT 1 FROM pgjobs_job AS j
                   WHERE j.id = s.job_id AND j.limit_key = s.key AND j.limit_slot = s.n
-                    AND j.status IN ('ready', 'running'))
+                    AND j.status IN ('ready', 'running', 'throttled'))
 RETURNING s.key, s.n, o.job_id
 
 -- name: admit_waiting_keys
@@ -47,3 +48,11 @@ SELECT pgjobs_limit_slots(%(key)s, %(max_running)s)
 -- name: admit_key
 -- Give a key's free slots to its throttled jobs now (after its limit was raised); how many.
 SELECT pgjobs_limit_admit(%(key)s, %(max_running)s)
+
+-- name: push_back_rates
+-- Handlers' RateLimited: each key (a job's own when none was named) starts nothing for the
+-- seconds given.
+SELECT pgjobs_rate_push_back(COALESCE(p.key, (SELECT j.limit_key FROM pgjobs_job AS j
+                                              WHERE j.id = p.job_id)), p.seconds)
+FROM jsonb_to_recordset(%s::jsonb) AS p(job_id bigint, key text, seconds float8)
+WHERE COALESCE(p.key, (SELECT j.limit_key FROM pgjobs_job AS j WHERE j.id = p.job_id)) IS NOT NULL

@@ -188,29 +188,53 @@ FROM pgjobs_schedule
 -- The limit keys with a job holding a slot, a job waiting for one, or an operator's limit: what
 -- holds their slots (ready and running jobs), the limit in force, and what waits. The busiest
 -- first (most waiting), then by key. Held slots come from pgjobs_key_slot, waiting jobs from
--- the throttled index; each key's limit is the operator's, else its jobs' declared one.
+-- the throttled index; each key's limit is the operator's, else its jobs' declared one. A
+-- rate's key: its one slot is held by the job that starts next (ready, or throttled until its
+-- time), its running jobs hold none and are counted from the running jobs; its rate (starts a
+-- second, burst) as its jobs declare it, when its next job may start, and until when a
+-- handler's RateLimited holds it back.
 WITH held AS (
     SELECT s.key, count(*) FILTER (WHERE j.status = 'running') AS running,
-           count(*) FILTER (WHERE j.status = 'ready') AS ready, max(j.limit_max) AS declared
+           count(*) FILTER (WHERE j.status = 'ready') AS ready, max(j.limit_max) AS declared,
+           max(j.run_at) FILTER (WHERE j.status = 'throttled') AS next_start_at,
+           max(j.rate_interval) AS rate_interval, max(j.rate_burst) AS rate_burst
     FROM pgjobs_key_slot AS s
     JOIN pgjobs_job AS j ON j.id = s.job_id
     GROUP BY s.key
+), rated_running AS (
+    SELECT limit_key AS key, count(*) AS running, max(rate_interval) AS rate_interval,
+           max(rate_burst) AS rate_burst
+    FROM pgjobs_job
+    WHERE status = 'running' AND rate_interval IS NOT NULL
+    GROUP BY limit_key
 ), waiting AS (
     SELECT limit_key AS key, count(*) AS waiting, max(limit_max) AS declared,
-           extract(epoch FROM now() - min(run_at)) AS oldest_seconds
+           extract(epoch FROM now() - min(run_at) FILTER (WHERE limit_slot IS NULL))
+               AS oldest_seconds,
+           max(rate_interval) AS rate_interval, max(rate_burst) AS rate_burst
     FROM pgjobs_job
     WHERE status = 'throttled'
     GROUP BY limit_key
 ), keys AS (
-    SELECT key FROM held UNION SELECT key FROM waiting UNION SELECT key FROM pgjobs_key_limit
+    SELECT key FROM held UNION SELECT key FROM waiting UNION SELECT key FROM rated_running
+    UNION SELECT key FROM pgjobs_key_limit
 )
-SELECT k.key, COALESCE(h.running, 0) AS running, COALESCE(h.ready, 0) AS ready,
+SELECT k.key, COALESCE(h.running, 0) + COALESCE(r.running, 0) AS running,
+       COALESCE(h.ready, 0) AS ready,
        COALESCE(l.max_running, GREATEST(h.declared, w.declared)) AS max_running,
        l.max_running IS NOT NULL AS set_by_operator, COALESCE(w.waiting, 0) AS waiting,
-       w.oldest_seconds AS oldest_waiting_seconds
+       w.oldest_seconds AS oldest_waiting_seconds,
+       1.0 / COALESCE(h.rate_interval, w.rate_interval, r.rate_interval) AS rate_per_second,
+       COALESCE(h.rate_burst, w.rate_burst, r.rate_burst) AS rate_burst,
+       CASE WHEN h.next_start_at IS NOT NULL
+            THEN GREATEST(extract(epoch FROM h.next_start_at - clock_timestamp()), 0)
+       END AS next_start_seconds,
+       extract(epoch FROM q.blocked_until - clock_timestamp()) AS held_back_seconds
 FROM keys AS k
 LEFT JOIN held AS h ON h.key = k.key
 LEFT JOIN waiting AS w ON w.key = k.key
+LEFT JOIN rated_running AS r ON r.key = k.key
 LEFT JOIN pgjobs_key_limit AS l ON l.key = k.key
+LEFT JOIN pgjobs_key_rate AS q ON q.key = k.key AND q.blocked_until > clock_timestamp()
 ORDER BY COALESCE(w.waiting, 0) DESC, k.key
 LIMIT %(limit)s

@@ -11,7 +11,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from django_pgjobs import Limit, Permanent, Transient, job
+from django_pgjobs import Limit, Permanent, Rate, RateLimited, Transient, job
 from django_pgjobs.context import JobContext
 
 from .models import LedgerEntry, Order
@@ -141,3 +141,11 @@ def export(ctx: JobContext, payload: dict[str, Any]) -> float:
     """One export per customer at a time, however many workers run: sleeps ``seconds``."""
     time.sleep(payload.get("seconds", 0.05))
     return payload.get("seconds", 0.05)
+
+
+@job("demo.call_provider", limit=Rate(20, per=1, key=lambda p: p["provider"]))
+def call_provider(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """A call to a payment provider that takes at most 20 a second: the rate is the
+    provider's, whichever workers run the calls."""
+    if payload.get("retry_after") is not None:
+        raise RateLimited(retry_after=payload["retry_after"])

@@ -98,10 +98,12 @@ class Command(BaseCommand):
                           [[s.name, s.task, s.due_at.isoformat(), s.late_seconds,
                             "not yet" if s.pending else "late"] for s in health.late])
         out += ["", f"Limits (keys in use, most waiting first, at most {stats.LIMIT_KEYS_SHOWN})"]
-        out += _table(["key", "running", "ready", "limit", "waiting", "oldest waiting s"],
+        out += _table(["key", "running", "ready", "limit", "waiting", "oldest waiting s",
+                       "next start in s", "held back s"],
                       [[k.key, k.running, k.ready,
-                        f"{k.max_running}{' (operator)' if k.set_by_operator else ''}",
-                        k.waiting, k.oldest_waiting_seconds] for k in snap.limits]) \
+                        k.rate or f"{k.max_running}{' (operator)' if k.set_by_operator else ''}",
+                        k.waiting, k.oldest_waiting_seconds, k.next_start_seconds,
+                        k.held_back_seconds] for k in snap.limits]) \
             if snap.limits else ["  (none)"]
         succeeded = sum(p.succeeded for p in snap.throughput)
         dead = sum(p.dead for p in snap.throughput)
