@@ -76,8 +76,9 @@ chaos: $(STAMP)
 #   make compare REV=HEAD~3            drain with this checkout and REV, interleaved, one run
 #   make bench-async                   one worker: async handlers next to executor threads on I/O
 #   make bench-lifecycle               how fast a cancel reaches each kind of handler, and a pause
-#   make bench-limits                  a drain under per-key limits beside an unlimited one, and
-#                                      a hot key's 10,000 jobs beside 1,000 others (head-of-line)
+#   make bench-limits                  a drain under per-key limits beside an unlimited one, a
+#                                      hot key's 10,000 jobs beside 1,000 others (head-of-line),
+#                                      and two rate keys' starts over a minute (rates held)
 #   make bench-remote                  as root: workers in two network namespaces, reaching the
 #                                      server through a delay proxy at 0, 1 and 5 ms added RTT;
 #                                      REMOTE_ARGS=--quick to check

@@ -7,7 +7,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from django_pgjobs import Limit, job
+from django_pgjobs import Limit, Rate, job
 from django_pgjobs.context import JobContext
 
 from .probe import report_start
@@ -81,3 +81,13 @@ def limited(ctx: JobContext, payload: dict[str, Any]) -> None:
 @job("bench.hot", limit=Limit(1, key=lambda p: p["key"]))
 def hot(ctx: JobContext, payload: dict[str, Any]) -> None:
     """Do nothing, one at a time per key."""
+
+
+@job("bench.rated_fast", limit=Rate(100, per=1, burst=10, key=lambda p: p["key"]))
+def rated_fast(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Do nothing, at most 100 starts a second per key (10 at once after a pause)."""
+
+
+@job("bench.rated_slow", limit=Rate(5, per=1, key=lambda p: p["key"]))
+def rated_slow(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Do nothing, at most 5 starts a second per key, evenly spaced."""

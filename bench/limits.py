@@ -1,6 +1,7 @@
 """What a per-key limit costs: a limited drain beside an unlimited one, and head-of-line.
 
-``python -m bench.limits [--jobs 20000] [--processes 4] [--repeats 3]`` (``make bench-limits``)
+``python -m bench.limits [--jobs 20000] [--processes 4] [--repeats 3] [--rate-seconds 60]``
+(``make bench-limits``)
 
 In one run, on one database, interleaved:
 
@@ -15,6 +16,12 @@ In one run, on one database, interleaved:
   jobs each (limit 1 too). Reported: how long the 1,000 others take to finish, against the same
   1,000 without the hot key, and against 1,000 unlimited jobs, by the same workers. A limit that
   blocked the line would make the others wait behind the hot key's 10,000.
+- **Rates held**: one key under ``Rate(100, per=1, burst=10)`` and one under ``Rate(5, per=1)``,
+  each with more jobs than ``--rate-seconds`` at its rate can start, run by the same workers at
+  once. Reported from the attempts' recorded starts: the starts of each key in the
+  ``--rate-seconds`` after its first, against what its rate allows in that time (its burst
+  included), and how many starts the rate (the generic cell rate algorithm, replayed over the
+  recorded starts) would have refused: it must be none.
 """
 
 from __future__ import annotations
@@ -100,11 +107,73 @@ def head_of_line(processes: int) -> dict[str, float]:
     return timings
 
 
+RATES = {  # task: (starts a second, burst)
+    "bench.rated_fast": (100, 10),
+    "bench.rated_slow": (5, 1),
+}
+
+
+def rates_held(processes: int, seconds: float) -> dict[str, dict[str, float]]:
+    """Each rate key's starts in ``seconds`` from its first, and the refused starts."""
+    from datetime import timedelta
+
+    from django.db import connection, transaction
+
+    from django_pgjobs import JobSpec, enqueue_many
+    from django_pgjobs.models import Attempt
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE pgjobs_job, pgjobs_attempt, pgjobs_key_slot, pgjobs_key_rate "
+                       "RESTART IDENTITY")
+    for task, (per_second, _) in RATES.items():
+        total = int(per_second * (seconds + 10) * 1.2)
+        for start in range(0, total, 1000):
+            with transaction.atomic():
+                enqueue_many([JobSpec.of(task, {"n": i, "key": "provider"})
+                              for i in range(start, min(start + 1000, total))])
+    harness.execute(DATABASE, "VACUUM ANALYZE")
+    command = PGJOBS.worker_command(burst=False, batch=10)
+    workers = harness.Workers.start([command] * processes,
+                                    harness.child_env(DATABASE, **PGJOBS.env), LOG)
+    try:
+        time.sleep(seconds + 5)
+    finally:
+        workers.stop()
+    held = {}
+    for task, (per_second, burst) in RATES.items():
+        starts = sorted(Attempt.objects.filter(job__task=task).values_list("claimed_at",
+                                                                           flat=True))
+        first = starts[0]
+        within = [s for s in starts if s < first + timedelta(seconds=seconds)]
+        allowed = per_second * seconds + burst - 1
+        held[task] = {"starts": len(within), "allowed": allowed,
+                      "ratio": len(within) / allowed,
+                      "refused": len(refused_starts(starts, 1 / per_second, burst))}
+    return held
+
+
+def refused_starts(starts: list[Any], interval: float, burst: int) -> list[int]:
+    """The starts (by index) a rate of one every ``interval`` seconds with ``burst`` refuses."""
+    from datetime import timedelta
+
+    cost, tolerance = timedelta(seconds=interval), timedelta(seconds=burst * interval)
+    tat = None
+    refused = []
+    for i, at in enumerate(starts):
+        if tat is not None and at < tat + cost - tolerance:
+            refused.append(i)
+        tat = max(tat or at, at) + cost
+    return refused
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rate-seconds", type=float, default=60.0)
+    parser.add_argument("--only-rates", action="store_true",
+                        help="measure the rates held alone")
     args = parser.parse_args()
     harness.recreate_database(DATABASE)
     harness.manage(DATABASE, "migrate", "--verbosity", "0")
@@ -118,6 +187,9 @@ def main() -> None:
         "limited: 1,000 keys, at most 2 each (full)": ("bench.limited", 1000),
         f"limited: {args.jobs:,} keys, at most 2 each": ("bench.limited", args.jobs),
     }
+    if args.only_rates:
+        report_rates(args.processes, args.rate_seconds)
+        return
     results: dict[str, list[dict[str, Any]]] = {label: [] for label in cases}
     for repeat in range(args.repeats):
         for label, (task, keys) in cases.items():
@@ -150,6 +222,18 @@ def main() -> None:
           f"{timings['alone'] / timings['beside a hot key']:.3f}; "
           f"(unlimited / beside the hot key): "
           f"{timings['alone, unlimited'] / timings['beside a hot key']:.3f}")
+    report_rates(args.processes, args.rate_seconds)
+
+
+def report_rates(processes: int, seconds: float) -> None:
+    held = rates_held(processes, seconds)
+    print(f"\n{f'rates held over {seconds:g} s (one key each)':44} {'starts':>8} "
+          f"{'allowed':>8} {'ratio':>6} {'refused':>8}")
+    for task, figures in held.items():
+        per_second, burst = RATES[task]
+        label = f"{task}: {per_second}/s, burst {burst}"
+        print(f"  {label:42} {figures['starts']:8.0f} {figures['allowed']:8.0f} "
+              f"{figures['ratio']:6.3f} {figures['refused']:8.0f}")
 
 
 if __name__ == "__main__":
