@@ -29,6 +29,10 @@ from .validation import (
 
 # ``Limit(key=FAIRNESS_KEY)``: the job's fairness_key option is its key.
 FAIRNESS_KEY = "fairness_key"
+# ``Limit(key=QUEUE)``: the job's queue is its key (a cap per queue; handlers that share the
+# limit's name share each queue's cap).
+QUEUE = "queue"
+_NAMED_KEYS = (FAIRNESS_KEY, QUEUE)
 
 
 @dataclass(frozen=True)
@@ -36,10 +40,10 @@ class Limit:
     """At most ``max_running`` jobs with one key run at once.
 
     ``key`` gives a job's key: a function of its payload that returns a string,
-    ``"fairness_key"`` for the job's ``fairness_key`` option, or None for one key for all of
-    them (a global cap on the handler). Handlers whose limits share a ``name`` share its keys:
-    ``Limit(5, name="payments")`` on two tasks lets five of them run at once, together. The name
-    defaults to the task's.
+    ``"fairness_key"`` for the job's ``fairness_key`` option, ``"queue"`` for its queue, or
+    None for one key for all of them (a global cap on the handler). Handlers whose limits share
+    a ``name`` share its keys: ``Limit(5, name="payments")`` on two tasks lets five of them run
+    at once, together. The name defaults to the task's.
     """
 
     max_running: int
@@ -52,9 +56,9 @@ class Limit:
             raise InvalidJobOption(f"Limit max_running {problem}")
         _check_key_and_name("Limit", self.key, self.name)
 
-    def key_of(self, task: str, payload: Any, fairness_key: str | None) -> str:
+    def key_of(self, task: str, payload: Any, fairness_key: str | None, queue: str) -> str:
         """The limit key of a job of ``task``: ``name:key``. Raise ``InvalidLimitKey``."""
-        return _key_of(self.name or task, self.key, task, payload, fairness_key)
+        return _key_of(self.name or task, self.key, task, payload, fairness_key, queue)
 
 
 @dataclass(frozen=True)
@@ -98,9 +102,9 @@ class Rate:
         assert per is not None
         return per / self.count
 
-    def key_of(self, task: str, payload: Any, fairness_key: str | None) -> str:
+    def key_of(self, task: str, payload: Any, fairness_key: str | None, queue: str) -> str:
         """The rate key of a job of ``task``: ``name:key``. Raise ``InvalidLimitKey``."""
-        return _key_of(self.name or task, self.key, task, payload, fairness_key)
+        return _key_of(self.name or task, self.key, task, payload, fairness_key, queue)
 
     def weight_of(self, task: str, payload: Any) -> int:
         """How many starts a job of ``task`` weighs. Raise ``InvalidLimitKey``."""
@@ -129,10 +133,10 @@ def _weight_problem(weight: object, burst: int) -> str | None:
 
 
 def _check_key_and_name(kind: str, key: object, name: str | None) -> None:
-    if not (key is None or key == FAIRNESS_KEY or callable(key)):
+    if not (key is None or key in _NAMED_KEYS or callable(key)):
         raise InvalidJobOption(
-            f"{kind} key must be a function of the payload, {FAIRNESS_KEY!r} or None, "
-            f"got {shown(key)}")
+            f"{kind} key must be a function of the payload, {FAIRNESS_KEY!r}, {QUEUE!r} or "
+            f"None, got {shown(key)}")
     if name is not None:
         problem = task_name_problem(name)
         if problem is not None:
@@ -140,7 +144,7 @@ def _check_key_and_name(kind: str, key: object, name: str | None) -> None:
 
 
 def _key_of(name: str, key_rule: object, task: str, payload: Any,
-            fairness_key: str | None) -> str:
+            fairness_key: str | None, queue: str) -> str:
     """A job's whole key, ``name:key``, by its limit's ``key`` rule. Raise ``InvalidLimitKey``."""
     if key_rule is None:
         key: object = ""
@@ -149,6 +153,8 @@ def _key_of(name: str, key_rule: object, task: str, payload: Any,
             raise InvalidLimitKey(task, "is the job's fairness_key, and it has none: give "
                                         "fairness_key= when enqueueing")
         key = fairness_key
+    elif key_rule == QUEUE:
+        key = queue
     else:
         assert callable(key_rule)
         try:
@@ -195,4 +201,4 @@ class RateLimited(Snooze):
         self.retry_after = seconds
 
 
-__all__ = ["FAIRNESS_KEY", "Limit", "Rate", "RateLimited"]
+__all__ = ["FAIRNESS_KEY", "QUEUE", "Limit", "Rate", "RateLimited"]

@@ -208,7 +208,7 @@ class Combination:
         limit = checked.handler.limit
         if limit is None:
             return Row(self, spec.payload, encoded, tick)
-        limit_key = limit.key_of(checked.task, spec.payload, checked.fairness_key)
+        limit_key = limit.key_of(checked.task, spec.payload, checked.fairness_key, checked.queue)
         weight = limit.weight_of(checked.task, spec.payload) if isinstance(limit, Rate) else None
         return Row(self, spec.payload, encoded, tick, limit_key, weight)
 

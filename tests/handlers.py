@@ -255,6 +255,16 @@ def shared_b(ctx: JobContext, payload: Any) -> None:
     return None
 
 
+@job("tests.capped_per_queue", limit=Limit(1, key="queue", name="per-queue"))
+def capped_per_queue(ctx: JobContext, payload: Any) -> None:
+    return None
+
+
+@job("tests.capped_per_queue_too", limit=Limit(1, key="queue", name="per-queue"))
+def capped_per_queue_too(ctx: JobContext, payload: Any) -> None:
+    return None
+
+
 @job("tests.limited_bad_key", limit=Limit(1, key=lambda p: p["customer"]))
 def limited_bad_key(ctx: JobContext, payload: Any) -> None:
     return None

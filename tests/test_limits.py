@@ -66,7 +66,7 @@ def enqueue_for(customer: str, n: int, **options: Any) -> list[Job]:
     (lambda: Limit(2.5), "got 2.5"),  # type: ignore[arg-type]
     (lambda: Limit(10_001), "got 10001"),
     (lambda: Limit(1, key=5), "key must be a function of the payload"),  # type: ignore[arg-type]
-    (lambda: Limit(1, key="customer"), "got 'customer'"),
+    (lambda: Limit(1, key="customer"), "'fairness_key', 'queue' or None, got 'customer'"),
     (lambda: Limit(1, name="two words"), "Limit name must be a task name"),
     (lambda: django_pgjobs.job("tests.not_a_limit", limit=2)(lambda ctx, p: None),
      "limit must be a django_pgjobs.Limit"),
@@ -129,6 +129,15 @@ def test_a_limit_without_a_key_caps_the_handler_and_a_shared_name_caps_its_handl
     shared = [django_pgjobs.enqueue(task, {}) for task in ("tests.shared_a", "tests.shared_b")]
     assert [j.status for j in capped + shared] == ["ready", "throttled", "ready", "throttled"]
     assert {j.limit_key for j in shared} == {"provider:"}
+
+
+def test_a_limit_keyed_by_queue_caps_each_queue_across_the_handlers_that_share_it() -> None:
+    a, b = (django_pgjobs.enqueue(task, {}, queue="default")
+            for task in ("tests.capped_per_queue", "tests.capped_per_queue_too"))
+    c = django_pgjobs.enqueue("tests.capped_per_queue", {}, queue="other")
+    assert (a.limit_key, b.limit_key, c.limit_key) == (
+        "per-queue:default", "per-queue:default", "per-queue:other")
+    assert statuses(a, b, c) == ["ready", "throttled", "ready"]
 
 
 def test_the_statement_that_ends_a_run_gives_its_slot_to_the_keys_next_job() -> None:

@@ -359,3 +359,22 @@ def test_workers_keep_a_keys_rate_and_other_keys_run_beside_it(start_worker) -> 
     assert max(Attempt.objects.filter(job__in=[j.pk for j in cold]).values_list(
         "claimed_at", flat=True)) < max(starts)
 
+
+
+def test_the_failure_harness_check_of_rates_sees_a_start_its_rate_refused() -> None:
+    from types import SimpleNamespace
+
+    from tests.harness.invariants import rates_never_exceeded
+
+    base = datetime(2026, 1, 1).astimezone()
+    job = SimpleNamespace(task="chaos.rated", limit_key="chaos.rated:g0")
+
+    def snap(*offsets: float) -> Any:
+        return SimpleNamespace(jobs={1: job}, attempts={1: [
+            SimpleNamespace(claimed_at=base + timedelta(seconds=o)) for o in offsets]})
+
+    # 5 a second, burst 2: two at once, then one every 0.2 s.
+    check, figures = rates_never_exceeded(snap(0, 0, 0.2, 0.4))
+    assert check.ok and figures["starts"] == {"chaos.rated:g0": 4}
+    check, _ = rates_never_exceeded(snap(0, 0, 0.1))
+    assert not check.ok and "came 0.100s before its rate allowed" in check.problems[0]

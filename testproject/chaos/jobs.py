@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db.models.functions import Now
 
-from django_pgjobs import Limit, job
+from django_pgjobs import Limit, Rate, job
 from django_pgjobs.context import JobContext
 
 from .models import Effect, Run
@@ -333,6 +333,17 @@ def scheduled(ctx: JobContext, payload: dict[str, Any]) -> Any:
     """A schedule's job: work ``work_seconds`` (longer than the tick interval shows overlaps)."""
     run = _started(ctx, "chaos.scheduled")
     time.sleep(payload.get("work_seconds", 0.05))
+    _finished(run)
+    return {"attempt": ctx.attempt, "worker": ctx.worker_id}
+
+
+@job("chaos.rated", lease=LEASE, max_attempts=10,
+     limit=Rate(5, per=1, burst=2, key=lambda p: p["group"]))
+def rated(ctx: JobContext, payload: dict[str, Any]) -> Any:
+    """Work under a rate of five starts a second per group, two at once: the harness replays
+    the rate over the recorded starts."""
+    run = _started(ctx, "chaos.rated")
+    time.sleep(payload.get("work_seconds", 0.0))
     _finished(run)
     return {"attempt": ctx.attempt, "worker": ctx.worker_id}
 

@@ -31,6 +31,9 @@ from tests.harness.records import (
     LIMITED_RUNNING,
     PLAIN,
     POISON,
+    RATED,
+    RATED_BURST,
+    RATED_PER_SECOND,
     RECEIPTED,
     RunRecord,
     Target,
@@ -794,6 +797,36 @@ def limits_never_exceeded(snap: Snapshot) -> tuple[Check, dict[str, Any]]:
                   summary), {"jobs": limited_jobs, "most_at_once": dict(sorted(most.items()))}
 
 
+def rates_never_exceeded(snap: Snapshot) -> tuple[Check, dict[str, Any]]:
+    """Every start of a rate key's attempts (each claim, rescued or not) was one its rate
+    allowed: the generic cell rate algorithm, replayed over the recorded claim times."""
+    starts: dict[str, list[datetime]] = defaultdict(list)
+    for job_id, attempts in snap.attempts.items():
+        job = snap.jobs[job_id]
+        if job.task == RATED:
+            starts[job.limit_key or "-"] += [a.claimed_at for a in attempts]
+    interval = timedelta(seconds=1 / RATED_PER_SECOND)
+    problems = []
+    for key, times in sorted(starts.items()):
+        tat: datetime | None = None
+        for at in sorted(times):
+            allowed = None if tat is None else tat + interval - RATED_BURST * interval
+            if allowed is not None and at < allowed:
+                early = (allowed - at).total_seconds()
+                problems.append(f"{key}: a start at {at.isoformat()} came {early:.3f}s before "
+                                "its rate allowed")
+            tat = max(tat or at, at) + interval
+    rated_jobs = sum(1 for j in snap.jobs.values() if j.task == RATED)
+    if rated_jobs == 0:
+        problems.append("no job under a rate ran: the check checked nothing")
+    summary = (f"{rated_jobs} jobs under a rate of {RATED_PER_SECOND}/s (burst {RATED_BURST}) "
+               f"per key, {sum(len(t) for t in starts.values())} starts on {len(starts)} keys, "
+               "each one its rate allowed")
+    return _check("no rate key ever started more than its rate allowed", problems[:10],
+                  summary), {"jobs": rated_jobs,
+                             "starts": {k: len(v) for k, v in sorted(starts.items())}}
+
+
 def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dict[str, Any]]:
     """Run every check; return them and the run's figures."""
     snap = Snapshot.load()
@@ -802,6 +835,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
     cancel_start, cancel_figures = no_start_after_a_cancel(snap)
     history, kept_beside = attempt_history_kept(snap)
     limits, limit_figures = limits_never_exceeded(snap)
+    rates, rate_figures = rates_never_exceeded(snap)
     checks = [
         every_job_ended(snap, record),
         leases_never_overlap(snap),
@@ -824,6 +858,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         schedule_counters_match_jobs(snap, record),
         skip_schedule_runs_one_job_at_a_time(snap),
         limits,
+        rates,
     ]
     statuses = Counter(j.status for j in snap.jobs.values())
     outcomes = Counter(a.outcome for rows in snap.attempts.values() for a in rows)
@@ -864,6 +899,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         "recovery_bound_s": recovery_bound_seconds(lease_seconds),
         "flood": flood_figures,
         "limits": limit_figures,
+        "rates": rate_figures,
         "replayed_enqueues": sum(len(v) for v in record.replays.calls.values()),
         "targets": {t.key: target_observed(snap, t) for t in record.targets},
         "wall_seconds": record.wall_seconds,

@@ -16,6 +16,10 @@ SCHEDULED = "chaos.scheduled"
 # At most LIMITED_RUNNING of its jobs with one group run at once (a Limit of its handler).
 LIMITED = "chaos.limited"
 LIMITED_RUNNING = 2
+# At most RATED_PER_SECOND of its jobs with one group start a second, RATED_BURST at once (a Rate).
+RATED = "chaos.rated"
+RATED_PER_SECOND = 5
+RATED_BURST = 2
 
 
 @dataclass

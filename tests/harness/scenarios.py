@@ -27,6 +27,7 @@ from tests.harness.records import (
     PLAIN,
     POISON,
     QUEUED,
+    RATED,
     RECEIPTED,
     SCHEDULED,
     TICK,
@@ -119,6 +120,12 @@ class Feeder(threading.Thread):
                 specs += [JobSpec.of(LIMITED, {"group": f"g{int(key[8:]) % 3}",
                                                "work_seconds": self.rng.uniform(0.05, 0.3)},
                                      idempotency_key=key) for key in limited]
+                # And every fourth, two on, a job under a rate of five a second per group.
+                rated = [f"rated:{i}" for i in range(n, n + size) if i % 4 == 2]
+                specs += [JobSpec.of(RATED, {"group": f"g{int(key[6:]) // 4 % 2}",
+                                             "work_seconds": self.rng.uniform(0.05, 0.3)},
+                                     idempotency_key=key) for key in rated]
+                limited += rated
                 db.retrying(lambda specs=specs: django_pgjobs.enqueue_many(specs))
                 self.record.bulk_keys.extend(keys)
                 self.record.limited_keys.extend(limited)

@@ -102,6 +102,9 @@ def test_the_run_injected_every_fault_and_lost_nothing(report: dict) -> None:
     # Jobs under a limit of two per group ran beside the rest, and some group reached it.
     assert figures["limits"]["jobs"] > 0
     assert max(figures["limits"]["most_at_once"].values()) == 2
+    # And jobs under a rate of five a second per group, over two groups.
+    assert figures["rates"]["jobs"] > 0
+    assert len(figures["rates"]["starts"]) == 2
 
 
 def test_replayed_enqueues_returned_one_job_per_key(report: dict) -> None:
