@@ -376,9 +376,12 @@ def default_steps(
     return steps
 
 
+RATES_STEP = "rates"
+
+
 def _rate_step(poll_interval: float) -> Step:
     run = RateStep()
-    return Step("rates", poll_interval, run, wakes_workers=True, backlog_at=int(
+    return Step(RATES_STEP, poll_interval, run, wakes_workers=True, backlog_at=int(
         settings.PROMOTE_BATCH), due_again_in=run.due_again_in)
 
 

@@ -9,6 +9,7 @@ fallback: a notification missed while the listener reconnects costs at most one 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -23,6 +24,9 @@ from . import sql
 logger = logging.getLogger("django_pgjobs.notify")
 
 CHANNEL = "pgjobs"
+# A job under a rate was given its key's slot before its time: the payload is the seconds until
+# then, so a worker runs its rates step at that time rather than at its next poll.
+RATES_CHANNEL = "pgjobs_rates"
 # How long one wait for notifications lasts before the stop flag is looked at again.
 RECEIVE_TIMEOUT_SECONDS = 0.25
 # A connection that dies silently (no FIN, no error) is noticed by this round trip.
@@ -33,7 +37,8 @@ RECONNECT_MAX_SECONDS = 5.0
 class Listener(threading.Thread):
     """Calls ``wake`` whenever a job becomes ready in one of ``queues`` (None: any queue).
 
-    ``noticed``, if given, first hears which queue the notification named.
+    ``noticed``, if given, first hears which queue the notification named. ``rate_due``, if
+    given, hears in how many seconds a job under a rate may start.
     """
 
     def __init__(
@@ -44,10 +49,12 @@ class Listener(threading.Thread):
         using: str = DEFAULT_DB_ALIAS,
         application_name: str = "pgjobs-listener",
         noticed: Callable[[str], None] | None = None,
+        rate_due: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__(name="pgjobs-listener", daemon=True)
         self.wake = wake
         self.noticed = noticed
+        self.rate_due = rate_due
         self.queues = frozenset(queues) if queues is not None else None
         self.using = using
         self.application_name = application_name[:63]
@@ -86,6 +93,11 @@ class Listener(threading.Thread):
         pinged = time.monotonic()
         while not self._halt.is_set():
             for note in conn.notifies(timeout=RECEIVE_TIMEOUT_SECONDS):
+                if note.channel == RATES_CHANNEL:
+                    if self.rate_due is not None:
+                        with contextlib.suppress(ValueError):
+                            self.rate_due(float(note.payload))
+                    continue
                 if self.queues is None or note.payload in self.queues:
                     if self.noticed is not None:
                         self.noticed(note.payload)

@@ -378,3 +378,42 @@ def test_the_failure_harness_check_of_rates_sees_a_start_its_rate_refused() -> N
     assert check.ok and figures["starts"] == {"chaos.rated:g0": 4}
     check, _ = rates_never_exceeded(snap(0, 0, 0.1))
     assert not check.ok and "came 0.100s before its rate allowed" in check.problems[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_makes_the_next_job_wait_tells_the_workers_when_it_may_start() -> None:
+    import threading
+
+    from django_pgjobs.notify import Listener
+
+    heard: list[float] = []
+    got = threading.Event()
+
+    def rate_due(seconds: float) -> None:
+        heard.append(seconds)
+        got.set()
+
+    listener = Listener(lambda: None, rate_due=rate_due, application_name="pgjobs-test-rates")
+    listener.start()
+    try:
+        assert listener.listening.wait(10)
+        # One a second, burst 1: the second job's turn is a second after the first's claim.
+        for _ in range(2):
+            django_pgjobs.enqueue("tests.rated_provider", {})
+        claim_jobs("w", "default", 10)
+        assert got.wait(10)
+        assert 0 < heard[0] <= 1.0
+    finally:
+        listener.stop()
+
+
+def test_a_worker_told_of_a_rates_next_start_runs_its_rates_step_then() -> None:
+    from django_pgjobs.worker import Worker
+
+    worker = Worker(concurrency=1, install_signals=False)
+    [step] = [s for s in worker.steps if s.name == "rates"]
+    step.next_due = 10.0**9
+    worker.rate_due(0.5)
+    import time
+
+    assert time.monotonic() < step.next_due <= time.monotonic() + 0.5

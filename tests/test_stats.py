@@ -244,6 +244,11 @@ STATS_QUERIES: dict[str, list[Any] | dict[str, Any]] = {
     "stats_leases": [10.0],
     "stats_failures": [86400],
     "stats_throughput": [60, 60],
+    "stats_limit_keys": {"limit": 20},
+    # The limits' and rates' maintenance, which every worker runs on its cadence.
+    "orphaned_slots": {"batch": 1000},
+    "admit_waiting_keys": {"batch": 1000},
+    "start_rate_heads": {"batch": 1000},
 }
 
 
@@ -272,6 +277,8 @@ def test_every_stats_query_reads_indexes_not_history() -> None:
     assert "pgjobs_attempt_failed_idx" in indexes["stats_failures"]
     assert {"pgjobs_job_claim_idx", "pgjobs_job_lease_idx", "pgjobs_job_due_idx",
             "pgjobs_job_finished_idx"} <= indexes["stats_queue_counts"]
+    assert {"pgjobs_job_throttled_idx", "pgjobs_job_lease_idx"} <= indexes["stats_limit_keys"]
+    assert "pgjobs_job_rate_next_idx" in indexes["start_rate_heads"]
 
 
 # --- manage.py pgjobs_stats ----------------------------------------------------------------

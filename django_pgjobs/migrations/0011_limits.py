@@ -75,6 +75,7 @@ BEGIN
     END IF;
     UPDATE pgjobs_job SET limit_slot = slot, run_at = next_at, updated_at = statement_timestamp()
     WHERE id = j;
+    PERFORM pg_notify('pgjobs_rates', extract(epoch FROM next_at - clock_timestamp())::text);
     RETURN false;
 END
 $$;
@@ -159,6 +160,8 @@ BEGIN
         IF next_at > clock_timestamp() THEN
             NEW.status := 'throttled';
             NEW.run_at := next_at;
+            PERFORM pg_notify('pgjobs_rates',
+                              extract(epoch FROM next_at - clock_timestamp())::text);
         END IF;
     END IF;
     RETURN NEW;
@@ -266,6 +269,7 @@ BEGIN
         UPDATE pgjobs_job
         SET status = 'throttled', run_at = until, updated_at = statement_timestamp()
         WHERE id = head;
+        PERFORM pg_notify('pgjobs_rates', secs::text);
     END IF;
 END
 $$;

@@ -34,7 +34,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from ..claimed import ClaimedJob
 from ..conf import settings
-from ..maintenance import Step, default_steps
+from ..maintenance import RATES_STEP, Step, default_steps
 from ..notify import Listener
 from ..outcomes import Outcome
 from ..status import AttemptOutcome
@@ -214,6 +214,8 @@ class Worker:
         self.claim_listeners: list[Callable[[list[ClaimedJob]], None]] = []
         self._budget = Budget(max_jobs, batch_size)
         self._stop = threading.Event()
+        # Set to run the main thread's loop now (a stop, or a rate's next start announced).
+        self._main_nudge = threading.Event()
         self._wake = threading.Condition()
         self._wake_generation = 0
         self._slots: list[Slot] = []  # the main thread's; given-up ones go once they end
@@ -242,7 +244,7 @@ class Worker:
             self._listener = Listener(
                 self.wake, queues=self.queues, using=self.using,
                 application_name=f"pgjobs-listener {self.worker_id}",
-                noticed=self.rotation.noticed,
+                noticed=self.rotation.noticed, rate_due=self.rate_due,
             )
             self._listener.start()
         for _ in range(self.concurrency):
@@ -259,6 +261,7 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; running handlers finish, unstarted claimed jobs are released."""
         self._stop.set()
+        self._main_nudge.set()
         self.wake()
 
     def wake(self) -> None:
@@ -357,7 +360,16 @@ class Worker:
             self.watchdog.check(self._slots)
             self._check_cancels()
             next_due = min((s.next_due for s in self.steps), default=now + 1.0)
-            self._stop.wait(max(0.01, min(next_due - time.monotonic(), 0.25)))
+            self._main_nudge.wait(max(0.01, min(next_due - time.monotonic(), 0.25)))
+            self._main_nudge.clear()
+
+    def rate_due(self, seconds: float) -> None:
+        """A job under a rate may start in ``seconds``: run the rates step then (the listener
+        hears it from the claim that made the job wait), not at its next poll."""
+        for step in self.steps:
+            if step.name == RATES_STEP:
+                step.next_due = min(step.next_due, time.monotonic() + max(0.0, seconds))
+                self._main_nudge.set()
 
     def _check_cancels(self) -> None:
         try:
