@@ -409,10 +409,14 @@ class Attempt(models.Model):
 
 
 class KeyLimit(models.Model):
-    """An operator's limit for one limit key, in place of its handler's max_running."""
+    """An operator's limit for one limit key, in place of its handler's: a max_running for a
+    Limit's key, or a rate (count per per_seconds, burst) for a Rate's."""
 
     key = models.CharField(primary_key=True, max_length=LIMIT_KEY_MAX_LENGTH)
-    max_running = models.PositiveIntegerField()
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    rate_count = models.PositiveIntegerField(null=True, blank=True)
+    rate_per_seconds = models.FloatField(null=True, blank=True)
+    rate_burst = models.PositiveIntegerField(null=True, blank=True)
     changed_at = models.DateTimeField(db_default=Now())
     changed_by = models.CharField(max_length=150, blank=True, default="")
 
@@ -424,10 +428,28 @@ class KeyLimit(models.Model):
                 condition=Q(max_running__gte=1, max_running__lte=MAX_RUNNING_LIMIT),
                 name="pgjobs_key_limit_range",
             ),
+            # One kind: a max_running, or a whole rate.
+            models.CheckConstraint(
+                condition=Q(max_running__isnull=False, rate_count__isnull=True,
+                            rate_per_seconds__isnull=True, rate_burst__isnull=True)
+                | Q(max_running__isnull=True, rate_count__gte=1,
+                    rate_count__lte=MAX_RUNNING_LIMIT, rate_per_seconds__gt=0,
+                    rate_burst__gte=1, rate_burst__lte=MAX_RUNNING_LIMIT),
+                name="pgjobs_key_limit_kind",
+            ),
         ]
 
     def __str__(self) -> str:
+        if self.rate:
+            return f"{self.key} ({self.rate})"
         return f"{self.key} (at most {self.max_running})"
+
+    @property
+    def rate(self) -> str:
+        """The operator's rate as operators read it, or "" for a max_running."""
+        if self.rate_count is None or self.rate_per_seconds is None:
+            return ""
+        return f"{self.rate_count} per {self.rate_per_seconds:g}s, burst {self.rate_burst}"
 
 
 class KeyRate(models.Model):

@@ -234,11 +234,15 @@ class Registry:
                         f"{type(other.limit).__name__}: a name's keys are one kind of limit")
         self._handlers[handler.name] = handler
 
-    def is_rate_key(self, key: str) -> bool:
-        """Whether limit key ``key`` (``name:key``) is a ``Rate``'s, by the handlers here."""
-        name = key.partition(":")[0]
-        return any(isinstance(h.limit, Rate) and (h.limit.name or h.name) == name
-                   for h in self._handlers.values())
+    def rate_of(self, key: str) -> Rate | None:
+        """The ``Rate`` whose key limit key ``key`` (``name:key``) is, by the handlers here."""
+        # A name may hold ':' itself: the longest declared name the key starts with is its.
+        named = {(h.limit.name or h.name): h.limit for h in self._handlers.values()
+                 if h.limit is not None}
+        found = max((name for name in named if key.startswith(f"{name}:")), key=len,
+                    default=None)
+        limit = None if found is None else named[found]
+        return limit if isinstance(limit, Rate) else None
 
     def _schedule_owner(self, name: str) -> str | None:
         for handler in self._handlers.values():

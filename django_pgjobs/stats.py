@@ -143,7 +143,7 @@ class KeyLimitStats:
     running: int
     ready: int  # holding a slot, waiting for a worker of their queue
     max_running: int | None  # the operator's limit, else the jobs' declared one
-    set_by_operator: bool
+    set_by_operator: bool  # its limit, or its rate
     waiting: int  # throttled
     oldest_waiting_seconds: float | None
     # A Rate's key: its starts a second and burst; when its next job may start (None: now, or

@@ -45,7 +45,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -59,6 +59,8 @@ from django.db.models.functions import Now
 from . import prepared, sql
 from .claimed import ClaimedJob, claimed_jobs
 from .conf import settings
+from .exceptions import InvalidJobOption
+from .limits import Rate
 from .models import Job, KeyLimit, OperatorAction, OperatorActionKind, QueueState
 from .outcomes import Outcome
 from .registry import registry
@@ -738,7 +740,7 @@ def set_key_limit(
                           (max_running_problem(max_running), "max_running")):
         if problem is not None:
             raise ValueError(f"{what} {problem}")
-    if registry.is_rate_key(key):
+    if registry.rate_of(key) is not None:
         raise ValueError(f"key {key!r} is a rate's: its one slot is held by the job that starts "
                          "next, and a higher max_running would let more start than the rate "
                          "allows")
@@ -756,6 +758,47 @@ def set_key_limit(
                {"key": key, "max_running": max_running, "before": before,
                 "admitted": admitted}, using)
     return admitted
+
+
+def set_key_rate(
+    key: str, count: int, per: float | timedelta, *, burst: int = 1, actor: Actor = CODE,
+    reason: str = "", using: str = DEFAULT_DB_ALIAS,
+) -> bool:
+    """Let at most ``count`` jobs of rate key ``key`` start per ``per`` (``burst`` at once), in
+    place of what its handler declares; audited. Return whether the key's next job, waiting for
+    its time, was given it again under the new rate (it may start sooner, or later).
+
+    Starts already charged stay charged: the new spacing applies from the next start on.
+    """
+    problem = limit_key_problem(key)
+    if problem is not None:
+        raise ValueError(f"key {problem}")
+    try:
+        rate = Rate(count, per=per, burst=burst)
+    except InvalidJobOption as exc:
+        raise ValueError(str(exc)) from exc
+    declared = registry.rate_of(key)
+    if declared is None:
+        raise ValueError(f"key {key!r} is not a rate's: no handler here declares a Rate of that "
+                         "name (a Limit's key takes a max_running)")
+    per_seconds = rate.interval * rate.count
+    with transaction.atomic(using=using):
+        limits = KeyLimit.objects.using(using)
+        before = limits.filter(key=key).values("rate_count", "rate_per_seconds",
+                                               "rate_burst").first()
+        was = (declared.interval if before is None or before["rate_count"] is None
+               else before["rate_per_seconds"] / before["rate_count"])
+        limits.update_or_create(key=key, defaults={
+            "max_running": None, "rate_count": count, "rate_per_seconds": per_seconds,
+            "rate_burst": burst, "changed_at": Now(), "changed_by": actor.name})
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql.query("retime_rate_key"), {
+                "key": key, "was": was, "spacing": rate.interval, "burst": burst})
+            [(retimed,)] = cursor.fetchall()
+        after = {"rate_count": count, "rate_per_seconds": per_seconds, "rate_burst": burst}
+        _audit(OperatorActionKind.SET_KEY_LIMIT, actor, reason, [], int(before != after),
+               {"key": key, **after, "before": before, "retimed": retimed}, using)
+    return bool(retimed)
 
 
 def unique_ids(ids: Iterable[int]) -> list[int]:

@@ -5,6 +5,7 @@ starts it charges the key and hands the slot on."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -246,6 +247,93 @@ def test_a_snoozed_job_comes_back_through_the_rate() -> None:
     [c] = claim_jobs("w", "default", 1)
     settle([Outcome.snoozed(c, 0, 1)])  # ready at once, by its outcome
     assert statuses(first, second) == ["throttled", "ready"]
+
+
+def test_an_operators_rate_replaces_the_declared_one_and_times_the_next_job_again() -> None:
+    from django_pgjobs.models import KeyLimit, OperatorAction
+    from django_pgjobs.transitions import Actor, set_key_rate
+
+    jobs = rated("acme", 5)
+    for _ in range(3):
+        claim_jobs("w", "default", 10)
+    waiting = Job.objects.get(pk=jobs[3].pk)
+    assert waiting.status == "throttled"
+    # A hundred a second: the three starts charged carry over as three units of 10 ms, so the
+    # waiting job's turn, a second away under the declared rate, is now 10 ms away.
+    assert set_key_rate("tests.rated:acme", 100, 1, burst=3, actor=Actor("op"),
+                        reason="bigger plan") is True
+    timed = Job.objects.get(pk=jobs[3].pk)
+    assert timed.status == "ready" or timed.run_at < waiting.run_at - timedelta(seconds=0.9)
+    time.sleep(0.05)
+    start_rate_heads(100)
+    [c] = claim_jobs("w", "default", 10)
+    # The start is charged at the operator's spacing (10 ms a unit), not the declared second.
+    after = KeyRate.objects.get(key="tests.rated:acme").tat
+    before = Job.objects.get(pk=jobs[2].pk).claimed_at
+    assert after - max(before, c_claimed(c)) < timedelta(seconds=1)
+    row = KeyLimit.objects.get(key="tests.rated:acme")
+    assert (row.max_running, row.rate_count, row.rate_per_seconds, row.rate_burst, row.rate) == (
+        None, 100, 1.0, 3, "100 per 1s, burst 3")
+    [key] = [k for k in key_limits() if k.key == "tests.rated:acme"]
+    assert (key.rate, key.set_by_operator) == ("100/s, burst 3", True)
+    action = OperatorAction.objects.get(action="set_key_limit")
+    assert (action.actor_name, action.reason, action.detail["rate_count"]) == (
+        "op", "bigger plan", 100)
+
+
+def test_a_lowered_rate_carries_the_starts_already_charged_over_to_the_new_one() -> None:
+    from django_pgjobs.transitions import set_key_rate
+
+    jobs = rated("acme", 5)
+    for _ in range(3):
+        claim_jobs("w", "default", 10)
+    # Three starts at once, three units ahead of the rate (a second each): at one every ten
+    # minutes, burst 1, that is one unit (the most a burst of one carries), so the next job
+    # waits ten minutes.
+    set_key_rate("tests.rated:acme", 1, timedelta(minutes=10))
+    nxt = Job.objects.get(pk=jobs[3].pk)
+    assert (nxt.status, nxt.limit_slot) == ("throttled", 0)
+    assert nxt.run_at > datetime.now().astimezone() + timedelta(minutes=9)
+
+
+def c_claimed(claimed: Any) -> datetime:
+    return Job.objects.get(pk=claimed.id).claimed_at
+
+
+@pytest.mark.parametrize(("key", "count", "per", "message"), [
+    ("tests.rated:acme", 0, 1, "Rate count must be a whole number"),
+    ("tests.rated:acme", 5, 0, "Rate per"),
+    ("tests.rated:acme", 5, math.nan, "got nan"),
+    ("tests.rated:acme", 5, None, "Rate needs its period"),
+    ("tests.limited:acme", 5, 1, "is not a rate's"),
+    ("a\nb", 5, 1, "key must not contain control characters"),
+])
+def test_a_bad_operator_rate_is_refused_and_writes_nothing(key, count, per, message) -> None:
+    from django_pgjobs.models import KeyLimit, OperatorAction
+    from django_pgjobs.transitions import set_key_rate
+
+    with pytest.raises(ValueError, match=message):
+        set_key_rate(key, count, per)
+    assert not KeyLimit.objects.exists() and not OperatorAction.objects.exists()
+
+
+def test_an_operator_sets_a_rate_keys_rate_in_the_admin_and_not_a_max_running(login) -> None:
+    from django_pgjobs.models import KeyLimit
+
+    rated("acme", 2)
+    client = login("view_keylimit", "add_keylimit")
+    refused = client.post("/admin/pgjobs/keylimit/add/",
+                          {"key": "tests.rated:acme", "max_running": "3"})
+    assert refused.status_code == 200 and "This is a Rate&#x27;s key" in refused.content.decode()
+    assert not KeyLimit.objects.exists()
+    done = client.post("/admin/pgjobs/keylimit/add/", {
+        "key": "tests.rated:acme", "rate_count": "10", "rate_per_seconds": "1",
+        "reason": "provider raised our quota"})
+    assert done.status_code == 302
+    assert KeyLimit.objects.get().rate == "10 per 1s, burst 1"
+    refused = client.post("/admin/pgjobs/keylimit/add/",
+                          {"key": "tests.limited:x", "rate_count": "3", "rate_per_seconds": "1"})
+    assert "This is a Limit&#x27;s key" in refused.content.decode()
 
 
 def test_an_operator_limit_cannot_widen_a_rates_one_slot() -> None:

@@ -1,9 +1,11 @@
-"""Limits set by operators: one key's max_running in place of its handler's (docs/limits.md).
+"""Limits set by operators: one key's max_running, or one rate key's rate, in place of its
+handler's (docs/limits.md).
 
 Its list shows every limit key in use first (holders, limit, waiting jobs, the oldest wait),
 then the operators' rows. Adding or changing one needs Django's ``add_keylimit`` or
-``change_keylimit`` permission, and goes through ``transitions.set_key_limit``: the key's slots
-follow, a raised limit readies waiting jobs at once, and the change is audited with its reason.
+``change_keylimit`` permission, and goes through ``transitions.set_key_limit`` (or
+``set_key_rate``): the key's slots follow, a raised limit readies waiting jobs at once, a rate's
+next job is timed again, and the change is audited with its reason.
 Nothing is deleted here: a lowered limit is how an operator gives a key less.
 """
 
@@ -17,7 +19,10 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 
 from .. import stats, transitions
+from ..exceptions import InvalidJobOption
+from ..limits import Rate
 from ..models import KeyLimit
+from ..registry import registry
 from ..validation import MAX_RUNNING_LIMIT, limit_key_problem, max_running_problem
 from .display import duration_text, time_text
 
@@ -30,12 +35,15 @@ class KeyLimitForm(forms.ModelForm):
 
     class Meta:
         model = KeyLimit
-        fields = ["key", "max_running"]
+        fields = ["key", "max_running", "rate_count", "rate_per_seconds", "rate_burst"]
         help_texts = {
             "key": "A job's limit key: the limit's name, ':' and the key "
                    "(exports.run:acme). pgjobs_stats lists the keys in use.",
-            "max_running": f"At most this many of the key's jobs ready or running at once "
-                           f"(1 to {MAX_RUNNING_LIMIT}).",
+            "max_running": f"A Limit's key: at most this many of the key's jobs ready or running "
+                           f"at once (1 to {MAX_RUNNING_LIMIT}).",
+            "rate_count": "A Rate's key: at most this many starts...",
+            "rate_per_seconds": "...per this many seconds...",
+            "rate_burst": "...and this many at once after a quiet spell (1: evenly spaced).",
         }
 
     def clean_key(self) -> str:
@@ -45,20 +53,47 @@ class KeyLimitForm(forms.ModelForm):
             raise forms.ValidationError(f"key {problem}")
         return str(key)
 
-    def clean_max_running(self) -> int:
+    def clean_max_running(self) -> int | None:
         value = self.cleaned_data["max_running"]
+        if value is None:
+            return None
         problem = max_running_problem(value)
         if problem is not None:
             raise forms.ValidationError(f"max_running {problem}")
         return int(value)
 
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        key = data.get("key") or (self.instance.key if self.instance.pk else None)
+        rate = [data.get(name) for name in ("rate_count", "rate_per_seconds", "rate_burst")]
+        if key is None:
+            return data
+        if registry.rate_of(key) is not None:
+            if data.get("max_running") is not None or None in rate[:2]:
+                raise forms.ValidationError(
+                    "This is a Rate's key: give its rate (starts per seconds, and a burst), "
+                    "not a max_running.")
+            try:
+                Rate(rate[0], per=rate[1], burst=1 if rate[2] is None else rate[2])
+            except InvalidJobOption as exc:
+                raise forms.ValidationError(str(exc)) from exc
+            data["rate_burst"] = 1 if rate[2] is None else rate[2]
+        elif data.get("max_running") is None or any(v is not None for v in rate):
+            raise forms.ValidationError(
+                "This is a Limit's key: give its max_running, and no rate.")
+        return data
+
 
 @admin.register(KeyLimit)
 class KeyLimitAdmin(admin.ModelAdmin):
     form = KeyLimitForm
-    list_display = ("key", "max_running", "changed_by", "changed")
+    list_display = ("key", "max_running", "rate_shown", "changed_by", "changed")
     search_fields = ("key",)
     ordering = ("key",)
+
+    @admin.display(description="rate")
+    def rate_shown(self, row: KeyLimit) -> str:
+        return row.rate or "-"
 
     @admin.display(description="changed", ordering="changed_at")
     def changed(self, row: KeyLimit) -> str:
@@ -85,9 +120,14 @@ class KeyLimitAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: KeyLimit, form: Any, change: bool) -> None:
         # The transition writes the row, its slots and the audit in one transaction.
-        transitions.set_key_limit(obj.key, obj.max_running,
-                                  actor=transitions.Actor.of(request.user),
-                                  reason=form.cleaned_data.get("reason", ""))
+        actor = transitions.Actor.of(request.user)
+        reason = form.cleaned_data.get("reason", "")
+        if obj.max_running is None:
+            assert obj.rate_count is not None and obj.rate_per_seconds is not None
+            transitions.set_key_rate(obj.key, obj.rate_count, obj.rate_per_seconds,
+                                     burst=obj.rate_burst or 1, actor=actor, reason=reason)
+        else:
+            transitions.set_key_limit(obj.key, obj.max_running, actor=actor, reason=reason)
         obj.refresh_from_db()
 
 

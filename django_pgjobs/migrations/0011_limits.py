@@ -43,23 +43,38 @@ BEGIN
 END
 $$;
 
+-- Rate key k's spacing (seconds between starts of one unit of weight) and burst: an operator's
+-- (pgjobs_key_limit), else what its jobs declare.
+CREATE FUNCTION pgjobs_rate_spacing(k text, spacing float8) RETURNS float8
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((SELECT l.rate_per_seconds / l.rate_count
+                     FROM pgjobs_key_limit AS l WHERE l.key = k), spacing)
+$$;
+
 -- When the next job of rate key k may start, if it weighs `weight`: the generic cell rate
 -- algorithm. The key's tat (theoretical arrival time) runs `spacing` seconds per unit of weight
 -- ahead of the starts charged to it so far; a job may start once, with its weight added, tat
 -- is no more than `burst` units ahead of it; and not before a handler's push-back. Now, when
--- nothing holds it back.
+-- nothing holds it back. An operator's rate replaces the declared one; a job that weighs more
+-- than its burst starts once the key's earlier starts are all behind it.
 CREATE FUNCTION pgjobs_rate_next(k text, spacing float8, burst integer, weight integer)
 RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
     SELECT GREATEST(clock_timestamp(),
-                    (SELECT GREATEST(r.tat + make_interval(secs => (weight - burst) * spacing),
+                    (SELECT GREATEST(r.tat + make_interval(
+                                         secs => (weight - GREATEST(COALESCE(l.rate_burst, burst),
+                                                                    weight))
+                                                 * COALESCE(l.rate_per_seconds / l.rate_count,
+                                                            spacing)),
                                      r.blocked_until)
-                     FROM pgjobs_key_rate AS r WHERE r.key = k))
+                     FROM pgjobs_key_rate AS r
+                     LEFT JOIN pgjobs_key_limit AS l ON l.key = k
+                     WHERE r.key = k))
 $$;
 
--- Give job j (locked, throttled, under a rate) the slot of its key: it is ready if it may start
--- now; otherwise it stays throttled, holding the slot, with its run_at set to when it may (the
--- limits step makes it ready then). True when it is ready.
+-- Give job j (locked, under a rate: throttled, or ready and timed again) the slot of its key: it
+-- is ready if it may start now; otherwise it is throttled, holding the slot, with its run_at set
+-- to when it may (the rates step makes it ready then). True when it is ready.
 CREATE FUNCTION pgjobs_rate_give(j bigint, slot integer) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -73,7 +88,9 @@ BEGIN
         WHERE id = j;
         RETURN true;
     END IF;
-    UPDATE pgjobs_job SET limit_slot = slot, run_at = next_at, updated_at = statement_timestamp()
+    UPDATE pgjobs_job
+    SET status = 'throttled', limit_slot = slot, run_at = next_at,
+        updated_at = statement_timestamp()
     WHERE id = j;
     PERFORM pg_notify('pgjobs_rates', extract(epoch FROM next_at - clock_timestamp())::text);
     RETURN false;
@@ -235,11 +252,11 @@ CREATE FUNCTION pgjobs_rate_start() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO pgjobs_key_rate AS r (key, tat)
-    VALUES (NEW.limit_key,
-            NEW.claimed_at + make_interval(secs => NEW.rate_weight * NEW.rate_interval))
+    VALUES (NEW.limit_key, NEW.claimed_at + make_interval(
+                secs => NEW.rate_weight * pgjobs_rate_spacing(NEW.limit_key, NEW.rate_interval)))
     ON CONFLICT (key) DO UPDATE
-    SET tat = GREATEST(r.tat, NEW.claimed_at)
-              + make_interval(secs => NEW.rate_weight * NEW.rate_interval);
+    SET tat = GREATEST(r.tat, NEW.claimed_at) + make_interval(
+                  secs => NEW.rate_weight * pgjobs_rate_spacing(NEW.limit_key, NEW.rate_interval));
     IF pgjobs_limit_hand_over(OLD.limit_key, OLD.limit_max, OLD.limit_slot, OLD.id) THEN
         PERFORM pg_notify('pgjobs', NEW.queue);
     END IF;
@@ -275,6 +292,38 @@ BEGIN
 END
 $$;
 
+-- An operator changed rate key k's spacing from `was` to `spacing` seconds (and its burst to
+-- `burst`): the starts already charged to it are carried over in units, not seconds, and at
+-- most a burst of them, so the next start keeps to the new rate from the ones before it (a
+-- key that was one start ahead of the old rate is one start ahead of the new). Its next job,
+-- ready or waiting for its time (and no claim holding it), is then given the slot again under
+-- the new rate: ready now, or throttled until its new time. True when there was one.
+CREATE FUNCTION pgjobs_rate_retime(k text, was float8, spacing float8, burst integer)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    head bigint;
+    slot integer;
+BEGIN
+    UPDATE pgjobs_key_rate AS r
+    SET tat = clock_timestamp() + make_interval(
+        secs => LEAST(extract(epoch FROM r.tat - clock_timestamp()) / was, burst) * spacing)
+    WHERE r.key = k AND r.tat > clock_timestamp();
+    SELECT j.id, j.limit_slot INTO head, slot
+    FROM pgjobs_key_slot AS s
+    JOIN pgjobs_job AS j ON j.id = s.job_id AND j.limit_key = s.key AND j.limit_slot = s.n
+    WHERE s.key = k AND j.rate_interval IS NOT NULL AND j.status IN ('ready', 'throttled')
+    FOR UPDATE OF j SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF pgjobs_rate_give(head, slot) THEN
+        PERFORM pg_notify('pgjobs', (SELECT queue FROM pgjobs_job WHERE id = head));
+    END IF;
+    RETURN true;
+END
+$$;
+
 -- The WHEN clauses keep jobs without a limit key out of the functions: for them each trigger
 -- costs a comparison or two per row.
 CREATE TRIGGER pgjobs_limit_park_insert BEFORE INSERT ON pgjobs_job FOR EACH ROW
@@ -305,6 +354,7 @@ DROP TRIGGER pgjobs_rate_start ON pgjobs_job;
 DROP TRIGGER pgjobs_limit_parked ON pgjobs_job;
 DROP TRIGGER pgjobs_limit_park_update ON pgjobs_job;
 DROP TRIGGER pgjobs_limit_park_insert ON pgjobs_job;
+DROP FUNCTION pgjobs_rate_retime(text, float8, float8, integer);
 DROP FUNCTION pgjobs_rate_push_back(text, float8);
 DROP FUNCTION pgjobs_rate_start();
 DROP FUNCTION pgjobs_limit_release();
@@ -315,6 +365,7 @@ DROP FUNCTION pgjobs_limit_slots(text, integer);
 DROP FUNCTION pgjobs_limit_admit(text, integer);
 DROP FUNCTION pgjobs_rate_give(bigint, integer);
 DROP FUNCTION pgjobs_rate_next(text, float8, integer, integer);
+DROP FUNCTION pgjobs_rate_spacing(text, float8);
 DROP FUNCTION pgjobs_limit_take(text, integer, bigint);
 DROP FUNCTION pgjobs_limit_room(text, integer);
 """
@@ -331,7 +382,10 @@ class Migration(migrations.Migration):
             name='KeyLimit',
             fields=[
                 ('key', models.CharField(max_length=255, primary_key=True, serialize=False)),
-                ('max_running', models.PositiveIntegerField()),
+                ('max_running', models.PositiveIntegerField(blank=True, null=True)),
+                ('rate_count', models.PositiveIntegerField(blank=True, null=True)),
+                ('rate_per_seconds', models.FloatField(blank=True, null=True)),
+                ('rate_burst', models.PositiveIntegerField(blank=True, null=True)),
                 ('changed_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
                 ('changed_by', models.CharField(blank=True, default='', max_length=150)),
             ],
@@ -434,6 +488,10 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='keylimit',
             constraint=models.CheckConstraint(condition=models.Q(('max_running__gte', 1), ('max_running__lte', 10000)), name='pgjobs_key_limit_range'),
+        ),
+        migrations.AddConstraint(
+            model_name='keylimit',
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('max_running__isnull', False), ('rate_burst__isnull', True), ('rate_count__isnull', True), ('rate_per_seconds__isnull', True)), models.Q(('max_running__isnull', True), ('rate_burst__gte', 1), ('rate_burst__lte', 10000), ('rate_count__gte', 1), ('rate_count__lte', 10000), ('rate_per_seconds__gt', 0)), _connector='OR'), name='pgjobs_key_limit_kind'),
         ),
         migrations.AddIndex(
             model_name='keyslot',

@@ -49,6 +49,11 @@ SELECT pgjobs_limit_slots(%(key)s, %(max_running)s)
 -- Give a key's free slots to its throttled jobs now (after its limit was raised); how many.
 SELECT pgjobs_limit_admit(%(key)s, %(max_running)s)
 
+-- name: retime_rate_key
+-- After an operator changed a rate key's rate: what it was charged is carried over to the new
+-- spacing, and its next job is given the slot again under the new rate. Whether there was one.
+SELECT pgjobs_rate_retime(%(key)s, %(was)s, %(spacing)s, %(burst)s)
+
 -- name: push_back_rates
 -- Handlers' RateLimited: each key (a job's own when none was named) starts nothing for the
 -- seconds given.

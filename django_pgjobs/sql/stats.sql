@@ -188,7 +188,8 @@ FROM pgjobs_schedule
 -- The limit keys with a job holding a slot, a job waiting for one, or an operator's limit: what
 -- holds their slots (ready and running jobs), the limit in force, and what waits. The busiest
 -- first (most waiting), then by key. Held slots come from pgjobs_key_slot, waiting jobs from
--- the throttled index; each key's limit is the operator's, else its jobs' declared one. A
+-- the throttled index; each key's limit (or rate) is the operator's, else its jobs' declared
+-- one. A
 -- rate's key: its one slot is held by the job that starts next (ready, or throttled until its
 -- time), its running jobs hold none and are counted from the running jobs; its rate (starts a
 -- second, burst) as its jobs declare it, when its next job may start, and until when a
@@ -222,10 +223,12 @@ WITH held AS (
 SELECT k.key, COALESCE(h.running, 0) + COALESCE(r.running, 0) AS running,
        COALESCE(h.ready, 0) AS ready,
        COALESCE(l.max_running, GREATEST(h.declared, w.declared)) AS max_running,
-       l.max_running IS NOT NULL AS set_by_operator, COALESCE(w.waiting, 0) AS waiting,
+       l.key IS NOT NULL AS set_by_operator, COALESCE(w.waiting, 0) AS waiting,
        w.oldest_seconds AS oldest_waiting_seconds,
-       1.0 / COALESCE(h.rate_interval, w.rate_interval, r.rate_interval) AS rate_per_second,
-       COALESCE(h.rate_burst, w.rate_burst, r.rate_burst) AS rate_burst,
+       COALESCE(l.rate_count / l.rate_per_seconds,
+                1.0 / COALESCE(h.rate_interval, w.rate_interval, r.rate_interval))
+           AS rate_per_second,
+       COALESCE(l.rate_burst, h.rate_burst, w.rate_burst, r.rate_burst) AS rate_burst,
        CASE WHEN h.next_start_at IS NOT NULL
             THEN GREATEST(extract(epoch FROM h.next_start_at - clock_timestamp()), 0)
        END AS next_start_seconds,

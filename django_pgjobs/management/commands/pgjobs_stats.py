@@ -101,7 +101,7 @@ class Command(BaseCommand):
         out += _table(["key", "running", "ready", "limit", "waiting", "oldest waiting s",
                        "next start in s", "held back s"],
                       [[k.key, k.running, k.ready,
-                        k.rate or f"{k.max_running}{' (operator)' if k.set_by_operator else ''}",
+                        f"{k.rate or k.max_running}{' (operator)' if k.set_by_operator else ''}",
                         k.waiting, k.oldest_waiting_seconds, k.next_start_seconds,
                         k.held_back_seconds] for k in snap.limits]) \
             if snap.limits else ["  (none)"]
