@@ -784,10 +784,13 @@ def set_key_rate(
     per_seconds = rate.interval * rate.count
     with transaction.atomic(using=using):
         limits = KeyLimit.objects.using(using)
-        before = limits.filter(key=key).values("rate_count", "rate_per_seconds",
-                                               "rate_burst").first()
-        was = (declared.interval if before is None or before["rate_count"] is None
-               else before["rate_per_seconds"] / before["rate_count"])
+        row = limits.filter(key=key).first()
+        before = None if row is None else {
+            "rate_count": row.rate_count, "rate_per_seconds": row.rate_per_seconds,
+            "rate_burst": row.rate_burst}
+        was = declared.interval
+        if row is not None and row.rate_count and row.rate_per_seconds:
+            was = row.rate_per_seconds / row.rate_count
         limits.update_or_create(key=key, defaults={
             "max_running": None, "rate_count": count, "rate_per_seconds": per_seconds,
             "rate_burst": burst, "changed_at": Now(), "changed_by": actor.name})

@@ -63,18 +63,19 @@ class KeyLimitForm(forms.ModelForm):
         return int(value)
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         key = data.get("key") or (self.instance.key if self.instance.pk else None)
         rate = [data.get(name) for name in ("rate_count", "rate_per_seconds", "rate_burst")]
         if key is None:
             return data
         if registry.rate_of(key) is not None:
-            if data.get("max_running") is not None or None in rate[:2]:
+            count, per, burst = rate
+            if data.get("max_running") is not None or count is None or per is None:
                 raise forms.ValidationError(
                     "This is a Rate's key: give its rate (starts per seconds, and a burst), "
                     "not a max_running.")
             try:
-                Rate(rate[0], per=rate[1], burst=1 if rate[2] is None else rate[2])
+                Rate(count, per=per, burst=1 if burst is None else burst)
             except InvalidJobOption as exc:
                 raise forms.ValidationError(str(exc)) from exc
             data["rate_burst"] = 1 if rate[2] is None else rate[2]
