@@ -270,7 +270,9 @@ def replay_enqueues(
 
 
 def drain(timeout: float) -> bool:
-    """Wait until no job is ready, running, or due soon; True if that happened in time.
+    """Wait until no job is ready, running, waiting on a limit or a rate, or due soon; True if
+    that happened in time. (A rate's next job waits throttled for its turn while nothing is
+    ready or running: the queue is not quiet then.)
 
     A retry whose backoff ends a moment after the check would be due by the time the workers
     are stopped and the invariants read the jobs: it counts as due until it is past the backoff
@@ -281,7 +283,7 @@ def drain(timeout: float) -> bool:
 
     def quiet() -> bool:
         return not Job.objects.filter(
-            Q(status__in=[JobStatus.READY, JobStatus.RUNNING])
+            Q(status__in=[JobStatus.READY, JobStatus.RUNNING, JobStatus.THROTTLED])
             | Q(status__in=[JobStatus.SCHEDULED, JobStatus.RETRYING], run_at__lte=Now() + soon)
         ).exists()
 
