@@ -110,6 +110,7 @@ class StatsCollector(Collector):
             queues = stats.queue_stats(using=self.using)
             leases = stats.lease_health(using=self.using)
             limits = stats.key_limits(using=self.using)
+            workers = stats.workers(using=self.using)
         finally:
             if self.close_connection:
                 connections[self.using].close()
@@ -183,6 +184,14 @@ class StatsCollector(Collector):
             elif key.max_running is not None:
                 limit.add_metric([key.key], key.max_running)
         yield from (held, waiting, limit, rate, next_start)
+        states = GaugeMetricFamily(
+            "pgjobs_workers",
+            "Worker processes by state: live, stopped, gone (docs/operations.md).",
+            labels=["state"],
+        )
+        for state in ("live", "stopped", "gone"):
+            states.add_metric([state], sum(1 for w in workers if w.state == state))
+        yield states
         yield GaugeMetricFamily(
             "pgjobs_leases_expired",
             "Running jobs whose lease has expired; the rescue step will take them back.",

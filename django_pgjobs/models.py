@@ -472,6 +472,33 @@ class KeyRate(models.Model):
         return self.key
 
 
+class WorkerProcess(models.Model):
+    """A worker process, as its last heartbeat said (``django_pgjobs.workers``): who it is, what
+    it serves, and when it was last seen. A row whose worker stopped cleanly says when; one whose
+    worker died says nothing more, and its heartbeat grows old."""
+
+    worker_id = models.CharField(primary_key=True, max_length=200)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    version = models.CharField(max_length=50, blank=True, default="")
+    queues = models.JSONField(null=True, blank=True)  # None: every queue
+    concurrency = models.PositiveIntegerField()
+    # A listening worker keeps a session named after it (pg_stat_activity): while that session
+    # is gone, so is the worker, whatever its last heartbeat says.
+    listens = models.BooleanField(default=False)
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    running = models.PositiveIntegerField(default=0)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pgjobs_worker"
+        verbose_name = "worker"
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+
 class KeySlot(models.Model):
     """One unit of a limit key: held by the job it names while that job is ready or running.
 

@@ -8,6 +8,7 @@ cheap on a table with millions of finished jobs. ``snapshot`` gathers them all; 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -24,6 +25,7 @@ SAMPLE_LIMIT = 10_000  # most recent attempts a latency figure is computed from
 LEASE_SOON_SECONDS = 10.0
 THROUGHPUT_MINUTES = 60
 LIMIT_KEYS_SHOWN = 20  # limit keys, the most waiting first
+WORKERS_SHOWN = 100  # worker rows, live first
 
 LIVE_STATUSES = (JobStatus.READY, JobStatus.THROTTLED, JobStatus.SCHEDULED, JobStatus.RUNNING,
                  JobStatus.RETRYING)
@@ -165,6 +167,28 @@ class KeyLimitStats:
 
 
 @dataclass(frozen=True)
+class WorkerStats:
+    """One worker process as its heartbeat row says (``django_pgjobs.workers``)."""
+
+    worker_id: str
+    host: str
+    pid: int
+    version: str
+    queues: list[str] | None  # None: every queue
+    concurrency: int
+    started_at: datetime
+    last_seen_at: datetime
+    seen_seconds_ago: float
+    running: int
+    # live; stopped (it said so); gone (not seen for two heartbeats, or its listening session
+    # ended: killed, or cut off from the database).
+    state: str
+
+    def serves(self, queue: str) -> bool:
+        return self.queues is None or queue in self.queues
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything at once, as the dashboard and ``pgjobs_stats`` show it."""
 
@@ -177,11 +201,18 @@ class Snapshot:
     throughput: list[ThroughputPoint]
     schedules: ScheduleHealth = field(default_factory=ScheduleHealth)
     limits: list[KeyLimitStats] = field(default_factory=list)
+    workers: list[WorkerStats] = field(default_factory=list)
     windows: dict[str, float] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
         return all(q.healthy for q in self.queues)
+
+    def unserved(self) -> list[QueueStats]:
+        """Queues with ready jobs that no live worker serves."""
+        live = [w for w in self.workers if w.state == "live"]
+        return [q for q in self.queues
+                if q.ready and not any(w.serves(q.queue) for w in live)]
 
     def failures_by_class(self) -> dict[str, int]:
         """Failed attempts per failure class, summed over tasks."""
@@ -199,6 +230,10 @@ class Snapshot:
             point["minute"] = point["minute"].isoformat()
         for late in data["schedules"]["late"]:
             late["due_at"] = late["due_at"].isoformat()
+        for worker in data["workers"]:
+            worker["started_at"] = worker["started_at"].isoformat()
+            worker["last_seen_at"] = worker["last_seen_at"].isoformat()
+        data["unserved_queues"] = [q.queue for q in self.unserved()]
         data["schedules"]["on_time"] = self.schedules.on_time
         data["healthy"] = self.healthy
         return data
@@ -336,6 +371,20 @@ def key_limits(*, limit: int = LIMIT_KEYS_SHOWN, using: str = DEFAULT_DB_ALIAS
     ) for r in _fetch_named("stats_limit_keys", {"limit": limit}, using)]
 
 
+def workers(*, limit: int = WORKERS_SHOWN, using: str = DEFAULT_DB_ALIAS) -> list[WorkerStats]:
+    """The worker processes' rows: live ones first, then by when last seen."""
+    rows = _fetch_named("stats_workers", {
+        "heartbeat": float(settings.WORKER_HEARTBEAT_SECONDS), "limit": limit}, using)
+    return [WorkerStats(
+        worker_id=r["worker_id"], host=r["host"], pid=int(r["pid"]), version=r["version"],
+        queues=r["queues"] if r["queues"] is None or isinstance(r["queues"], list)
+        else json.loads(r["queues"]),
+        concurrency=int(r["concurrency"]), started_at=r["started_at"],
+        last_seen_at=r["last_seen_at"], seen_seconds_ago=float(r["seen_seconds_ago"]),
+        running=int(r["running"]), state=str(r["state"]),
+    ) for r in rows]
+
+
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -352,6 +401,7 @@ def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
         throughput=throughput(using=using),
         schedules=schedule_health(using=using),
         limits=key_limits(using=using),
+        workers=workers(using=using),
         windows={
             "recent_seconds": RECENT_SECONDS,
             "latency_window_seconds": LATENCY_WINDOW_SECONDS,

@@ -386,6 +386,7 @@ SETTING_RULES: dict[str, Rule] = {
     "MAX_SNOOZE_SECONDS": _seconds(0, YEAR_SECONDS),
     "POLL_INTERVAL_SECONDS": poll_interval_problem,
     "RESCUE_INTERVAL_SECONDS": _seconds(0, 3600),
+    "WORKER_HEARTBEAT_SECONDS": _seconds(0, 3600),
     "RESCUE_BATCH": _whole(1, 100_000),
     "PROMOTE_BATCH": _whole(1, 100_000),
     "SETTLE_FLUSH_SECONDS": _seconds(0, 60),

@@ -994,9 +994,13 @@ def dashboard_health(client: Client) -> str:
 def test_a_quiet_dashboard_says_what_it_checked_and_that_no_backlog_policy_is_set(
     login: Any,
 ) -> None:
+    from django_pgjobs.workers import Heartbeat
+
     JobFactory(queue="mail")
+    Heartbeat("w1", queues=None, concurrency=1, listens=False, running=lambda: 0)()
     health = dashboard_health(login("view_job"))
-    assert ("No expired leases, no late schedules, no paused queue; no backlog policy is set "
+    assert ("1 live worker serving every queue with ready jobs; no expired leases, no late "
+            "schedules, no paused queue; no backlog policy is set "
             "(PGJOBS_BACKLOG_MAX_AGE_SECONDS), so backlog age is not checked.") in health
     assert "within" not in health
     with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"mail": 60}):
@@ -1014,10 +1018,13 @@ def test_the_dashboard_health_names_each_problem(login: Any) -> None:
     ScheduleFactory(name="ops.late", next_tick_at=timezone.now() - timedelta(minutes=10))
     health = dashboard_health(login("view_job"))
     items = [line.rsplit('class="pgjobs-unhealthy">', 1)[1] for line in health.split("</li>")[:-1]]
-    assert len(items) == 4
-    assert items[0].startswith("Queue mail: the oldest ready job has waited 5m ")
-    assert items[0].endswith(", over its backlog policy of 1m 0s.")
-    assert items[1:] == [
+    assert len(items) == 5
+    # First, whether anything runs the work at all: no worker has run here.
+    assert items[0] == ("Queue mail has 2 jobs ready and no live worker serving it: no worker "
+                        "is live.")
+    assert items[1].startswith("Queue mail: the oldest ready job has waited 5m ")
+    assert items[1].endswith(", over its backlog policy of 1m 0s.")
+    assert items[2:] == [
         "1 job still running with an expired lease: the worker is gone or stalled, and the "
         "rescue step has not retried or ended them yet.",
         "1 late schedule: ops.late.",

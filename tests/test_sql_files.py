@@ -20,6 +20,7 @@ OWNERS = {
     "pgjobs_receipt": {"receipts.sql": "receipts.py"},
     "pgjobs_schedule": {"schedules.sql": "schedules.py"},
     "pgjobs_key_slot": {"limits.sql": "transitions.py"},
+    "pgjobs_worker": {"workers.sql": "workers.py"},
 }
 
 

@@ -20,6 +20,7 @@ from .. import stats
 from ..status import FailureClass, JobStatus
 from .display import duration_text, jobs_text, time_text
 
+WORKERS_ON_DASHBOARD = 20
 CHART_WIDTH = 720
 CHART_HEIGHT = 200
 CHART_MARGIN = 36  # room for the axis labels
@@ -73,8 +74,17 @@ def _late_schedules(snap: stats.Snapshot) -> list[str]:
     return [f"{len(late)} late schedule{'s' if len(late) != 1 else ''}: {names}."]
 
 
-# Each check of the health line, in the order the line says them.
-HEALTH_CHECKS = (_over_policy, _expired_leases, _late_schedules, _paused)
+def _unserved(snap: stats.Snapshot) -> list[str]:
+    live = sum(1 for w in snap.workers if w.state == "live")
+    said = ("no worker is live" if not live
+            else f"none of the {live} live worker{'s' if live != 1 else ''} serves it")
+    return [f"Queue {q.queue} has {jobs_text(q.ready)} ready and no live worker serving it: "
+            f"{said}." for q in snap.unserved()]
+
+
+# Each check of the health line, in the order the line says them: first, whether anything runs
+# the work at all.
+HEALTH_CHECKS = (_unserved, _over_policy, _expired_leases, _late_schedules, _paused)
 
 
 def health(snap: stats.Snapshot) -> tuple[list[str], str]:
@@ -84,7 +94,9 @@ def health(snap: stats.Snapshot) -> tuple[list[str], str]:
     backlog = ("every queue with a backlog policy is within it" if policies
                else "no backlog policy is set (PGJOBS_BACKLOG_MAX_AGE_SECONDS), so backlog age "
                "is not checked")
-    checked = (f"No expired leases, no late schedules, no paused queue; {backlog}."
+    live = sum(1 for w in snap.workers if w.state == "live")
+    checked = (f"{live} live worker{'s' if live != 1 else ''} serving every queue with ready "
+               f"jobs; no expired leases, no late schedules, no paused queue; {backlog}."
                if not problems else "")
     return problems, checked
 
@@ -144,6 +156,12 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
         "recent_hours": round(snap.windows.get("recent_seconds", 0) / 3600),
         "latency_minutes": round(snap.windows.get("latency_window_seconds", 0) / 60),
         "queues_url": reverse("admin:pgjobs_queuestate_changelist"),
+        "workers_url": reverse("admin:pgjobs_workerprocess_changelist"),
+        "worker_rows": [
+            (w.worker_id, w.host, w.pid, w.state, ", ".join(w.queues) if w.queues else "every",
+             w.concurrency, w.running, duration_text(w.seen_seconds_ago))
+            for w in snap.workers[:WORKERS_ON_DASHBOARD]
+        ],
     }
 
 

@@ -241,3 +241,27 @@ LEFT JOIN pgjobs_key_limit AS l ON l.key = k.key
 LEFT JOIN pgjobs_key_rate AS q ON q.key = k.key AND q.blocked_until > clock_timestamp()
 ORDER BY COALESCE(w.waiting, 0) DESC, k.key
 LIMIT %(limit)s
+
+-- name: stats_workers
+-- The worker processes' heartbeat rows, live first, then by when last seen. Live: not stopped,
+-- seen within two heartbeats and, for a worker that listens, its listening session (named after
+-- it) still connected; a killed worker's session ends with its process, so it is seen gone at
+-- once. A worker started in the last two seconds may not be listening yet, and counts as live
+-- on its heartbeat alone.
+SELECT w.worker_id, w.host, w.pid, w.version, w.queues, w.concurrency, w.started_at,
+       w.last_seen_at, extract(epoch FROM clock_timestamp() - w.last_seen_at) AS seen_seconds_ago,
+       w.running,
+       CASE WHEN w.stopped_at IS NOT NULL THEN 'stopped'
+            WHEN w.last_seen_at < clock_timestamp() - make_interval(secs => 2 * %(heartbeat)s)
+                 THEN 'gone'
+            WHEN w.listens
+                 AND w.started_at < clock_timestamp() - interval '2 seconds'
+                 AND NOT EXISTS (SELECT 1 FROM pg_stat_activity AS a
+                                 WHERE a.datname = current_database()
+                                   AND a.application_name
+                                       = left('pgjobs-listener ' || w.worker_id, 63))
+                 THEN 'gone'
+            ELSE 'live' END AS state
+FROM pgjobs_worker AS w
+ORDER BY w.stopped_at IS NOT NULL, w.last_seen_at DESC
+LIMIT %(limit)s

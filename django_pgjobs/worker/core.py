@@ -45,6 +45,7 @@ from ..validation import (
     queue_problem,
     whole_number_problem,
 )
+from ..workers import Heartbeat
 from .aio import DEFAULT_ASYNC_CONCURRENCY, AsyncRunner
 from .connections import (
     Outage,
@@ -202,6 +203,12 @@ class Worker:
         self.runner = BatchRunner(self.settler, self.running, self.async_runner,
                                   worker_id=self.worker_id, using=using,
                                   stopping=lambda: self.stopping)
+        # The worker's row in pgjobs_worker: written at start, every heartbeat, and at a stop.
+        self.heartbeat = Heartbeat(self.worker_id, queues=self.queues,
+                                   concurrency=self.concurrency, listens=self.listen,
+                                   running=lambda: len(self.running.snapshot()))
+        self.steps.append(Step("heartbeat", float(settings.WORKER_HEARTBEAT_SECONDS),
+                               self.heartbeat))
         self.watchdog = Watchdog(
             self.runner, start_slot=lambda: self._start_slot(Slot(next(self._slot_numbers))),
             cancel_every=float(settings.CANCEL_CHECK_SECONDS),
@@ -338,6 +345,12 @@ class Worker:
                            self.shutdown_grace, still_running)
         self.settler.stop(give_up_at=hard_deadline,
                           timeout=max(1.0, hard_deadline - time.monotonic()) + 1.0)
+        try:
+            self.heartbeat.stopped(self.using)
+        except DatabaseError as exc:
+            logger.warning("worker.stopped_row worker=%s: could not say it stopped (its row "
+                           "will show it gone once its heartbeat is old): %s", self.worker_id,
+                           database_error_text(exc))
         connections.close_all()
 
     # --- the main thread ----------------------------------------------------------------------

@@ -97,6 +97,17 @@ class Command(BaseCommand):
             out += _table(["schedule", "task", "due tick", "late s", "enqueued"],
                           [[s.name, s.task, s.due_at.isoformat(), s.late_seconds,
                             "not yet" if s.pending else "late"] for s in health.late])
+        out += ["", "Workers (live first)"]
+        out += _table(["worker", "state", "host", "pid", "queues", "concurrency", "running",
+                       "last seen s ago"],
+                      [[w.worker_id, w.state, w.host, w.pid,
+                        ",".join(w.queues) if w.queues else "*", w.concurrency, w.running,
+                        round(w.seen_seconds_ago, 1)] for w in snap.workers]) \
+            if snap.workers else ["  (none has run)"]
+        unserved = snap.unserved()
+        if unserved:
+            out += [f"  UNSERVED: {', '.join(q.queue for q in unserved)} (ready jobs, no live "
+                    "worker serving them)"]
         out += ["", f"Limits (keys in use, most waiting first, at most {stats.LIMIT_KEYS_SHOWN})"]
         out += _table(["key", "running", "ready", "limit", "waiting", "oldest waiting s",
                        "next start in s", "held back s"],

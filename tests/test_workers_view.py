@@ -1,0 +1,155 @@
+"""The worker processes' heartbeat rows, and what the admin, the dashboard and pgjobs_stats say
+of them: which workers are live, and which queues with ready jobs none of them serves."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+import django_pgjobs
+from django_pgjobs import stats
+from django_pgjobs.models import Job, WorkerProcess
+from django_pgjobs.workers import Heartbeat
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db
+
+DASHBOARD = "/admin/pgjobs/job/dashboard/"
+
+
+def beat(worker_id: str = "w1", queues: list[str] | None = None, running: int = 0,
+         listens: bool = False) -> Heartbeat:
+    heartbeat = Heartbeat(worker_id, queues=queues, concurrency=4, listens=listens,
+                          running=lambda: running)
+    heartbeat()
+    return heartbeat
+
+
+def test_a_heartbeat_writes_the_workers_row_and_a_stop_says_so() -> None:
+    heartbeat = beat(queues=["mail", "default"], running=2)
+    row = WorkerProcess.objects.get()
+    assert (row.worker_id, row.queues, row.concurrency, row.running, row.stopped_at) == (
+        "w1", ["default", "mail"], 4, 2, None)
+    assert row.pid > 0 and row.host
+    [w] = stats.workers()
+    assert (w.state, w.serves("mail"), w.serves("other")) == ("live", True, False)
+    heartbeat.stopped()
+    [w] = stats.workers()
+    assert w.state == "stopped"
+
+
+def test_a_worker_not_seen_for_two_heartbeats_is_gone() -> None:
+    beat()
+    WorkerProcess.objects.update(last_seen_at=WorkerProcess.objects.get().last_seen_at
+                                 - _seconds(11))
+    [w] = stats.workers()
+    assert w.state == "gone"
+
+
+def test_a_listening_workers_row_without_its_session_is_gone() -> None:
+    beat(listens=True)
+    # Started more than two seconds ago and its listening session is nowhere: gone, however
+    # fresh its heartbeat.
+    WorkerProcess.objects.update(started_at=WorkerProcess.objects.get().started_at - _seconds(3))
+    [w] = stats.workers()
+    assert w.state == "gone"
+
+
+def test_the_dashboard_names_a_queue_with_ready_jobs_that_no_live_worker_serves(login) -> None:
+    beat("w1", queues=["mail"])
+    django_pgjobs.enqueue("demo.noop", {}, queue="reports")
+    django_pgjobs.enqueue("demo.noop", {}, queue="mail")
+    page = login("view_job").get(DASHBOARD).content.decode()
+    health = page.split('id="pgjobs-health"', 1)[1].split("</div>", 1)[0]
+    assert "Queue reports has 1 job ready and no live worker serving it" in health
+    assert "Queue mail" not in health
+    assert 'id="pgjobs-workers"' in page and "w1" in page
+    assert stats.snapshot().as_dict()["unserved_queues"] == ["reports"]
+
+
+def test_with_every_queue_served_the_dashboard_says_how_many_workers_are_live(login) -> None:
+    beat("w1")
+    django_pgjobs.enqueue("demo.noop", {})
+    page = login("view_job").get(DASHBOARD).content.decode()
+    assert "1 live worker serving every queue with ready jobs" in page
+
+
+def test_the_workers_page_needs_its_view_permission_and_lists_each_state(login) -> None:
+    beat("alive")
+    beat("stopped-one").stopped()
+    assert login("view_job").get("/admin/pgjobs/workerprocess/").status_code == 403
+    page = login("view_workerprocess", username="viewer").get(
+        "/admin/pgjobs/workerprocess/").content.decode()
+    table = page.split('id="pgjobs-workers"', 1)[1]
+    assert table.index("alive") < table.index("stopped-one")
+    assert ">stopped<" in table
+
+
+def test_pgjobs_stats_lists_the_workers_and_the_unserved_queues() -> None:
+    beat("w1", queues=["mail"])
+    django_pgjobs.enqueue("demo.noop", {}, queue="reports")
+    out = StringIO()
+    call_command("pgjobs_stats", stdout=out)
+    text = out.getvalue()
+    assert "Workers (live first)" in text and "w1" in text
+    assert "UNSERVED: reports" in text
+    out = StringIO()
+    call_command("pgjobs_stats", "--json", stdout=out)
+    assert json.loads(out.getvalue())["unserved_queues"] == ["reports"]
+
+
+def test_the_metrics_count_workers_by_state() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from django_pgjobs.metrics import StatsCollector
+
+    beat("w1")
+    beat("w2").stopped()
+    registry = CollectorRegistry()
+    registry.register(StatsCollector())
+    text = generate_latest(registry).decode()
+    assert 'pgjobs_workers{state="live"} 1.0' in text
+    assert 'pgjobs_workers{state="stopped"} 1.0' in text
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_killing_the_only_worker_of_a_queue_makes_the_dashboard_name_it_at_once(
+    start_worker, login,
+) -> None:
+    from django.conf import settings
+
+    worker = start_worker("--worker-id", "only", "--queue", "q1", "--concurrency", "1",
+                          "--batch-size", "1")
+    # Busy with a long job, so the next one waits ready.
+    django_pgjobs.enqueue("demo.export", {"customer": "a", "seconds": 60}, queue="q1")
+    wait_for(lambda: Job.objects.filter(status="running").exists(), 30)
+    django_pgjobs.enqueue("demo.noop", {}, queue="q1")
+    client = login("view_job")
+    time.sleep(2.5)  # a listening worker is judged by its session once it has had time to open it
+
+    def health() -> str:
+        page = client.get(DASHBOARD).content.decode()
+        return page.split('id="pgjobs-health"', 1)[1].split("</div>", 1)[0]
+
+    assert "Queue q1" not in health()
+    worker.signal(signal.SIGKILL)
+    worker.wait(10)
+    killed = time.monotonic()
+    heartbeat = float(getattr(settings, "PGJOBS_WORKER_HEARTBEAT_SECONDS", 5.0))
+    wait_for(lambda: re.search(r"Queue q1 has \d+ jobs? ready and no live worker serving it: "
+                               r"no worker is live", health()), heartbeat)
+    # Within one heartbeat interval: its session ended with it.
+    assert time.monotonic() - killed < heartbeat
+
+
+def _seconds(n: float):  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    return timedelta(seconds=n)
