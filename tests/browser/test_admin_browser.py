@@ -158,3 +158,34 @@ def test_the_dashboard_renders(
     expect(page.locator("svg#pgjobs-throughput")).to_be_visible()
     expect(page.locator("#pgjobs-failures")).to_be_visible()
     screenshot("dashboard")
+
+
+def test_the_workers_page_and_the_dashboard_say_which_queue_no_live_worker_serves(
+    live_server: Any, page: Page, screenshot: Callable[[str], Path]
+) -> None:
+    from django_pgjobs.workers import Heartbeat
+
+    user("viewer", "view_job", "view_workerprocess")
+    Heartbeat("web-1:4242:abc", queues=["mail"], concurrency=4, listens=False,
+              running=lambda: 2)()
+    stopped = Heartbeat("web-2:77:def", queues=None, concurrency=8, listens=False,
+                        running=lambda: 0)
+    stopped()
+    stopped.stopped()
+    JobFactory.create_batch(2, queue="reports")
+    log_in(page, live_server.url, "viewer")
+    page.set_viewport_size({"width": 1366, "height": 900})
+
+    page.click("#pgjobs-dashboard-link")
+    expect(page.locator("#pgjobs-health li").first).to_have_text(
+        "Queue reports has 2 jobs ready and no live worker serving it: none of the 1 live "
+        "worker serves it.")
+    expect(page.locator("#pgjobs-workers tr", has_text="web-1:4242:abc")).to_contain_text("live")
+    page.click("#pgjobs-workers a")  # all workers
+    expect(page.locator("h1")).to_have_text("Workers")
+    rows = page.locator("#pgjobs-workers tbody tr")
+    expect(rows.nth(0)).to_contain_text("web-1:4242:abc")
+    expect(rows.nth(0)).to_contain_text("mail")
+    expect(rows.nth(1)).to_contain_text("stopped")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    screenshot("workers")
