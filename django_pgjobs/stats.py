@@ -26,6 +26,7 @@ LEASE_SOON_SECONDS = 10.0
 THROUGHPUT_MINUTES = 60
 LIMIT_KEYS_SHOWN = 20  # limit keys, the most waiting first
 WORKERS_SHOWN = 100  # worker rows, live first
+ERROR_GROUPS_SHOWN = 20  # grouped errors, the most frequent first
 
 LIVE_STATUSES = (JobStatus.READY, JobStatus.THROTTLED, JobStatus.SCHEDULED, JobStatus.RUNNING,
                  JobStatus.RETRYING)
@@ -97,6 +98,19 @@ class FailureCount:
     failure_class: str
     task: str
     count: int
+
+
+@dataclass(frozen=True)
+class ErrorGroup:
+    """Failed attempts of one task and class whose errors read alike (numbers and ids aside)."""
+
+    task: str
+    failure_class: str
+    message: str  # the error's first line, numbers as N, ids as <id>, hex as <hex>
+    count: int
+    first_seen: datetime
+    last_seen: datetime
+    newest_job: int
 
 
 @dataclass(frozen=True)
@@ -202,6 +216,7 @@ class Snapshot:
     schedules: ScheduleHealth = field(default_factory=ScheduleHealth)
     limits: list[KeyLimitStats] = field(default_factory=list)
     workers: list[WorkerStats] = field(default_factory=list)
+    errors: list[ErrorGroup] = field(default_factory=list)
     windows: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -234,6 +249,9 @@ class Snapshot:
             worker["started_at"] = worker["started_at"].isoformat()
             worker["last_seen_at"] = worker["last_seen_at"].isoformat()
         data["unserved_queues"] = [q.queue for q in self.unserved()]
+        for group in data["errors"]:
+            group["first_seen"] = group["first_seen"].isoformat()
+            group["last_seen"] = group["last_seen"].isoformat()
         data["schedules"]["on_time"] = self.schedules.on_time
         data["healthy"] = self.healthy
         return data
@@ -330,6 +348,19 @@ def failure_classes(
     return [FailureCount(str(cls), str(task), int(n)) for cls, task, n in rows]
 
 
+def error_groups(
+    *, window_seconds: float = RECENT_SECONDS, limit: int = ERROR_GROUPS_SHOWN,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[ErrorGroup]:
+    """The most frequent errors of the window's failed attempts, grouped (``ErrorGroup``)."""
+    return [ErrorGroup(
+        task=str(r["task"]), failure_class=str(r["failure_class"]), message=str(r["message"]),
+        count=int(r["count"]), first_seen=r["first_seen"], last_seen=r["last_seen"],
+        newest_job=int(r["newest_job"]),
+    ) for r in _fetch_named("stats_error_groups", {"window": window_seconds, "limit": limit},
+                            using)]
+
+
 def throughput(
     *, minutes: int = THROUGHPUT_MINUTES, using: str = DEFAULT_DB_ALIAS
 ) -> list[ThroughputPoint]:
@@ -402,6 +433,7 @@ def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
         schedules=schedule_health(using=using),
         limits=key_limits(using=using),
         workers=workers(using=using),
+        errors=error_groups(using=using),
         windows={
             "recent_seconds": RECENT_SECONDS,
             "latency_window_seconds": LATENCY_WINDOW_SECONDS,

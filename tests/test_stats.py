@@ -245,6 +245,7 @@ STATS_QUERIES: dict[str, list[Any] | dict[str, Any]] = {
     "stats_failures": [86400],
     "stats_throughput": [60, 60],
     "stats_limit_keys": {"limit": 20},
+    "stats_error_groups": {"window": 86400, "limit": 20},
     # The limits' and rates' maintenance, which every worker runs on its cadence.
     "orphaned_slots": {"batch": 1000},
     "admit_waiting_keys": {"batch": 1000},
@@ -275,6 +276,7 @@ def test_every_stats_query_reads_indexes_not_history() -> None:
     for running_too in ("stats_attempt_numbers", "stats_pickup_latency"):
         assert {"pgjobs_attempt_claimed_idx", "pgjobs_job_lease_idx"} <= indexes[running_too]
     assert "pgjobs_attempt_failed_idx" in indexes["stats_failures"]
+    assert "pgjobs_attempt_failed_idx" in indexes["stats_error_groups"]
     assert {"pgjobs_job_claim_idx", "pgjobs_job_lease_idx", "pgjobs_job_due_idx",
             "pgjobs_job_finished_idx"} <= indexes["stats_queue_counts"]
     assert {"pgjobs_job_throttled_idx", "pgjobs_job_lease_idx"} <= indexes["stats_limit_keys"]

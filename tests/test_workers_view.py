@@ -153,3 +153,45 @@ def _seconds(n: float):  # type: ignore[no-untyped-def]
     from datetime import timedelta
 
     return timedelta(seconds=n)
+
+
+# --- failures grouped, and the dead list's reasons -----------------------------------------------
+
+
+def fail(task: str, error: str) -> Job:
+    from tests.factories import AttemptFactory, JobFactory
+
+    job = JobFactory(task=task, dead=True, failure_class="permanent",
+                     terminal_reason="permanent_error", last_error=error)
+    AttemptFactory(job=job, outcome="failed", failure_class="permanent", error=error)
+    return job
+
+
+def test_errors_that_read_alike_but_for_numbers_and_ids_are_one_group(login) -> None:
+    for n in (4711, 4712, 4713):
+        fail("demo.noop", f"order {n} not found (request 9f1c2e3a-0b1c-4d2e-8f00-1234567890ab)")
+    fail("demo.noop", "card declined")
+    [first, second] = stats.error_groups()
+    assert (first.task, first.failure_class, first.count) == ("demo.noop", "permanent", 3)
+    assert first.message == "order N not found (request <id>)"
+    assert (second.message, second.count) == ("card declined", 1)
+    page = login("view_job").get(DASHBOARD).content.decode()
+    table = page.split('id="pgjobs-error-groups"', 1)[1].split("</table>", 1)[0]
+    assert "order N not found (request &lt;id&gt;)" in table
+    assert "task=demo.noop&amp;failure_class__exact=permanent" in table
+
+
+def test_a_grouped_error_shows_no_secret_to_a_viewer(login) -> None:
+    fail("demo.noop", "login failed: password=hunter2 for user ada")
+    page = login("view_job").get(DASHBOARD).content.decode()
+    table = page.split('id="pgjobs-error-groups"', 1)[1].split("</table>", 1)[0]
+    assert "hunter2" not in table and "login failed" in table
+
+
+def test_the_dead_list_says_each_jobs_terminal_reason_and_last_error(login) -> None:
+    fail("demo.noop", "order 1 not found\nTraceback (most recent call last): ...")
+    client = login("view_job")
+    page = client.get("/admin/pgjobs/job/?status__exact=dead").content.decode()
+    assert "column-terminal_reason" in page and "column-error_preview" in page
+    assert "order 1 not found" in page and "Traceback" not in page
+    assert "column-error_preview" not in client.get("/admin/pgjobs/job/").content.decode()

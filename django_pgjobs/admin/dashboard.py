@@ -17,6 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .. import stats
+from ..registry import redactor_for
 from ..status import FailureClass, JobStatus
 from .display import duration_text, jobs_text, time_text
 
@@ -151,6 +152,16 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
             snap.failures_by_class().items(), key=lambda kv: -kv[1])],
         "failures_by_task": [(class_label(f.failure_class), f.task, f.count)
                              for f in snap.failures],
+        "error_groups": [{
+            "task": g.task, "class": class_label(g.failure_class),
+            # Stored scrubbed; shown through the task's redaction again, as on a job's page.
+            "message": redactor_for(g.task).text(g.message, None), "count": g.count,
+            "first_seen": time_text(g.first_seen), "last_seen": time_text(g.last_seen),
+            "jobs_url": f"{changelist}?"
+                        + urlencode({"task": g.task, "failure_class__exact": g.failure_class}),
+            "newest_url": reverse("admin:pgjobs_job_change", args=[g.newest_job]),
+            "newest_job": g.newest_job,
+        } for g in snap.errors],
         "throughput_svg": throughput_svg(snap.throughput),
         "throughput_total": sum(p.succeeded + p.dead for p in snap.throughput),
         "recent_hours": round(snap.windows.get("recent_seconds", 0) / 3600),

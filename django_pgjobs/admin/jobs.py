@@ -94,6 +94,10 @@ _ENDED_BEFORE_THE_CANCEL: dict[str, str] = {
 }
 
 
+# The dead list's last-error column: its first line, cut here.
+ERROR_PREVIEW_CHARS = 120
+
+
 @admin.register(Job)
 class JobAdmin(TimeColumns, ReadOnlyAdmin):
     list_display = ("id", "task", "queue", "status", "attempts_used", "age", "lease",
@@ -178,6 +182,20 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     @admin.display(description="payload (redacted)")
     def payload_preview(self, job: Job) -> str:
         return preview(redactor_for(job.task).payload(job.payload))
+
+    @admin.display(description="last error")
+    def error_preview(self, job: Job) -> str:
+        text = redactor_for(job.task).text(job.last_error, job.payload)
+        first = text.split("\n", 1)[0]
+        return first if len(first) <= ERROR_PREVIEW_CHARS else first[:ERROR_PREVIEW_CHARS] + "…"
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        # The dead list says why: each job's terminal reason and last error, in place of the
+        # lease column (a dead job holds none).
+        if request.GET.get("status__exact") == JobStatus.DEAD:
+            return ("id", "task", "queue", "status", "attempts_used", "age", "terminal_reason",
+                    "failure_class", "error_preview")
+        return super().get_list_display(request)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str

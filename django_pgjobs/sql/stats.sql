@@ -136,6 +136,30 @@ JOIN pgjobs_job AS j ON j.id = f.job_id
 GROUP BY f.failure_class, j.task
 ORDER BY count(*) DESC, f.failure_class, j.task
 
+-- name: stats_error_groups
+-- Failed attempts grouped as an operator reads them: task, failure class and the first line of
+-- the error with its numbers, ids and hex strings made alike ("order 4711 not found" and
+-- "order 4712 not found" are one error). Counted, with the first and last time seen and the
+-- newest job, the most frequent first; the window's failed attempts come through the partial
+-- index on failed attempts, as for stats_failures.
+WITH failed AS MATERIALIZED (
+    SELECT job_id, failure_class, claimed_at,
+           regexp_replace(regexp_replace(regexp_replace(
+               left(split_part(error, E'\n', 1), 300),
+               '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'),
+               '(0x)?[0-9a-f]{8,}', '<hex>', 'gi'),
+               '[0-9]+', 'N', 'g') AS message
+    FROM pgjobs_attempt
+    WHERE failure_class <> '' AND claimed_at >= now() - make_interval(secs => %(window)s)
+)
+SELECT j.task, f.failure_class, f.message, count(*) AS count, min(f.claimed_at) AS first_seen,
+       max(f.claimed_at) AS last_seen, max(f.job_id) AS newest_job
+FROM failed AS f
+JOIN pgjobs_job AS j ON j.id = f.job_id
+GROUP BY j.task, f.failure_class, f.message
+ORDER BY count(*) DESC, last_seen DESC
+LIMIT %(limit)s
+
 -- name: stats_throughput
 -- Jobs finished per minute, counted from the finished index alone (status, finished_at).
 WITH minutes AS (
