@@ -584,6 +584,7 @@ class OperatorActionKind(models.TextChoices):
     PAUSE_QUEUE = "pause_queue", "pause queue"
     RESUME_QUEUE = "resume_queue", "resume queue"
     SET_KEY_LIMIT = "set_key_limit", "set key limit"
+    RUN_NOW = "run_now", "run now"
     SCHEDULE_CREATE = "schedule_create", "create schedule"
     SCHEDULE_CHANGE = "schedule_change", "change schedule"
     SCHEDULE_PAUSE = "schedule_pause", "pause schedule"

@@ -534,6 +534,27 @@ def retry_jobs(
     return retried
 
 
+def run_jobs_now(
+    job_ids: Iterable[int], *, actor: Actor = CODE, reason: str = "",
+    using: str = DEFAULT_DB_ALIAS,
+) -> int:
+    """Scheduled and retrying jobs due now: ready at once (or, under a limit, waiting for it
+    as any job that comes due does), their attempts as they are; audited."""
+    ids = unique_ids(job_ids)
+    with transaction.atomic(using=using):
+        before = _lock(ids, using)
+        eligible = [i for i, status in before.items() if status in DUE_LATER_STATUSES]
+        moved = (
+            Job.objects.using(using)
+            .filter(pk__in=eligible, status__in=DUE_LATER_STATUSES)
+            .update(status=JobStatus.READY, run_at=Now(), updated_at=Now())
+        )
+        _audit(OperatorActionKind.RUN_NOW, actor, reason, ids, moved,
+               {"before": counts_by_state(before.values()), "run_now": eligible}, using)
+        _notify(eligible, using)
+    return moved
+
+
 def cancel_jobs(
     job_ids: Iterable[int], *, actor: Actor = CODE, reason: str = "",
     using: str = DEFAULT_DB_ALIAS,
@@ -682,6 +703,10 @@ def audit_schedule_action(
         job_ids=list(job_ids), schedule_ids=schedule_ids, selected=len(schedule_ids),
         changed=changed, detail=detail,
     )
+
+
+# Waiting for a time: what "run now" makes due at once.
+DUE_LATER_STATUSES = (JobStatus.SCHEDULED, JobStatus.RETRYING)
 
 
 # --- 9. limits: the maintenance of key slots ----------------------------------------------------

@@ -88,8 +88,8 @@ def test_jobs_cannot_be_added_changed_or_deleted_even_by_a_superuser(login: Any)
 
 def test_a_superuser_sees_every_action(login: Any) -> None:
     assert action_choices(login(superuser=True)) == {
-        "retry_selected", "replay_selected", "cancel_selected", "dead_letter_selected",
-        "export_selected",
+        "retry_selected", "run_now_selected", "replay_selected", "cancel_selected",
+        "dead_letter_selected", "export_selected",
     }
 
 

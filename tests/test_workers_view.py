@@ -195,3 +195,59 @@ def test_the_dead_list_says_each_jobs_terminal_reason_and_last_error(login) -> N
     assert "column-terminal_reason" in page and "column-error_preview" in page
     assert "order 1 not found" in page and "Traceback" not in page
     assert "column-error_preview" not in client.get("/admin/pgjobs/job/").content.decode()
+
+
+# --- acting on the job's own page -----------------------------------------------------------------
+
+
+def test_a_job_waiting_out_its_backoff_can_be_run_now_from_its_page(login) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_pgjobs.models import OperatorAction
+    from tests.factories import JobFactory
+
+    job = JobFactory(retrying=True, run_at=timezone.now() + timedelta(minutes=10),
+                     failure_class="permanent")
+    client = login("view_job", "retry_job", superuser=False)
+    page = client.get(f"/admin/pgjobs/job/{job.pk}/change/").content.decode()
+    form = page.split('id="pgjobs-job-actions"', 1)[1].split("</form>", 1)[0]
+    # Only what this job's state allows and this user may do.
+    assert 'value="run_now_selected"' in form
+    assert 'value="retry_selected"' not in form and 'value="cancel_selected"' not in form
+    plan = client.post("/admin/pgjobs/job/", {"action": "run_now_selected", "index": 0,
+                                              "_selected_action": job.pk}).content.decode()
+    assert "will be due now instead of at their time" in plan
+    assert "last failed with a permanent error and will likely fail again" in plan
+    done = client.post("/admin/pgjobs/job/", {
+        "action": "run_now_selected", "_selected_action": job.pk, "pgjobs_confirm": "yes",
+        "pgjobs_ids": str(job.pk), "reason": "fixed the API key"})
+    assert done.status_code == 302
+    job.refresh_from_db()
+    assert job.status == "ready" and job.run_at <= timezone.now()
+    action = OperatorAction.objects.get()
+    assert (action.action, action.reason, action.changed) == ("run_now", "fixed the API key", 1)
+
+
+def test_a_view_only_user_sees_no_action_on_a_jobs_page(login) -> None:
+    from tests.factories import JobFactory
+
+    job = JobFactory(dead=True)
+    page = login("view_job").get(f"/admin/pgjobs/job/{job.pk}/change/").content.decode()
+    assert 'id="pgjobs-job-actions"' not in page
+    page = login("view_job", "retry_job", "replay_job", username="op2").get(
+        f"/admin/pgjobs/job/{job.pk}/change/").content.decode()
+    form = page.split('id="pgjobs-job-actions"', 1)[1].split("</form>", 1)[0]
+    assert 'value="retry_selected"' in form and 'value="replay_selected"' in form
+    assert 'value="run_now_selected"' not in form
+
+
+def test_run_now_leaves_jobs_not_waiting_for_a_time_as_they_are() -> None:
+    from django_pgjobs.transitions import run_jobs_now
+    from tests.factories import JobFactory
+
+    ready, running, dead = JobFactory(), JobFactory(running=True), JobFactory(dead=True)
+    assert run_jobs_now([ready.pk, running.pk, dead.pk]) == 0
+    assert [Job.objects.get(pk=j.pk).status for j in (ready, running, dead)] == [
+        "ready", "running", "dead"]

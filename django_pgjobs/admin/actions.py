@@ -110,7 +110,31 @@ def retry_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
     )
     notes = ["Idempotency receipts are kept: a side effect these jobs completed under a receipt "
              "will not repeat."]
+    permanent = Job.objects.filter(pk__in=ids, status__in=RETRYABLE_STATUSES,
+                                   failure_class="permanent").count()
+    if permanent:
+        notes.append(f"{jobs_text(permanent)} ended with a permanent error and will likely "
+                     "fail again, unless its cause has been fixed.")
     return Plan("Retry jobs", changes, unchanged, notes)
+
+
+def run_now_jobs_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
+    n, states = states_text(counts, transitions.DUE_LATER_STATUSES)
+    k, others = states_text(counts, set(JobStatus.values) - set(transitions.DUE_LATER_STATUSES))
+    changes = [
+        f"{jobs_text(n)} ({states}) will be due now instead of at their time, their attempts as "
+        "they are: ready at once, or, under a limit, waiting for it like any job that comes due."
+        if n else "No selected job is scheduled or retrying: nothing will change."
+    ]
+    unchanged = ([f"{jobs_text(k)} ({others}) {is_are(k)} not waiting for a time and will not "
+                  "change."] if k else [])
+    notes = []
+    failing = Job.objects.filter(pk__in=ids, status=JobStatus.RETRYING,
+                                 failure_class="permanent").count()
+    if failing:
+        notes.append(f"{jobs_text(failing)} last failed with a permanent error and will likely "
+                     "fail again.")
+    return Plan("Run jobs now", changes, unchanged, notes)
 
 
 def cancel_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:
@@ -215,6 +239,11 @@ def apply_retry(ids: list[int], data: dict[str, Any], actor: transitions.Actor) 
     return f"Retried {jobs_text(n)}: ready now with a fresh attempt budget."
 
 
+def apply_run_jobs_now(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
+    n = transitions.run_jobs_now(ids, actor=actor, reason=_reason(data))
+    return f"Made {jobs_text(n)} due now."
+
+
 def apply_cancel(ids: list[int], data: dict[str, Any], actor: transitions.Actor) -> str:
     cancelled, asked = transitions.cancel_jobs(ids, actor=actor, reason=_reason(data))
     said = [text for n, text in ((cancelled, f"Cancelled {jobs_text(cancelled)}"),
@@ -266,6 +295,8 @@ class Action:
 ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("retry_selected", "retry", "Retry selected dead or cancelled jobs", ReasonForm,
            retry_plan, apply_retry),
+    Action("run_now_selected", "retry", "Run selected scheduled or retrying jobs now",
+           ReasonForm, run_now_jobs_plan, apply_run_jobs_now),
     Action("replay_selected", "replay", "Replay selected finished jobs as new jobs", ReplayForm,
            replay_plan, apply_replay),
     Action("cancel_selected", "cancel", "Cancel selected jobs", ReasonForm, cancel_plan,
@@ -273,6 +304,20 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("dead_letter_selected", "deadletter", "Dead-letter selected waiting jobs",
            DeadLetterForm, dead_letter_plan, apply_dead_letter),
 )}
+
+
+# The states each job action changes: the job page offers an action only to a job it would change.
+ACTION_STATES: dict[str, frozenset[str]] = {
+    "retry_selected": frozenset(RETRYABLE_STATUSES),
+    "run_now_selected": frozenset(transitions.DUE_LATER_STATUSES),
+    "cancel_selected": frozenset({*WAITING_STATUSES, JobStatus.RUNNING}),
+    "dead_letter_selected": frozenset(WAITING_STATUSES),
+    "replay_selected": frozenset(TERMINAL_STATUSES),
+}
+# The job page's button of each, in the order shown.
+ACTION_BUTTONS = {"run_now_selected": "Run now", "retry_selected": "Retry",
+                  "cancel_selected": "Cancel", "dead_letter_selected": "Dead-letter",
+                  "replay_selected": "Replay"}
 
 
 # --- schedule actions -----------------------------------------------------------------------------

@@ -30,7 +30,14 @@ from .. import sql, transitions
 from ..models import Attempt, Job, OperatorAction, OperatorActionKind
 from ..registry import redactor_for
 from ..status import JobStatus, TerminalReason
-from .actions import ACTION_MAX_JOBS, ACTIONS, Action, status_counts
+from .actions import (
+    ACTION_BUTTONS,
+    ACTION_MAX_JOBS,
+    ACTION_STATES,
+    ACTIONS,
+    Action,
+    status_counts,
+)
 from .base import AttemptColumns, NoWrites, ReadOnlyAdmin, TimeColumns
 from .dashboard import dashboard_context
 from .display import (
@@ -289,8 +296,20 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         context = {"can_view_raw_payload": self.has_raw_payload_permission(request),
+                   "job_actions": self._job_actions(request, object_id),
                    **(extra_context or {})}
         return super().change_view(request, object_id, form_url, context)
+
+    def _job_actions(self, request: HttpRequest, object_id: str) -> list[tuple[str, str]]:
+        """The actions this user may take on this job, as buttons: each opens the same plan
+        and confirmation as from the list."""
+        status = Job.objects.filter(pk=object_id).values_list("status", flat=True).first() \
+            if object_id.isdigit() else None
+        if status is None:
+            return []
+        return [(name, label) for name, label in ACTION_BUTTONS.items()
+                if status in ACTION_STATES[name]
+                and getattr(self, f"has_{ACTIONS[name].permission}_permission")(request)]
 
     def get_urls(self) -> list[URLPattern]:
         site = self.admin_site

@@ -30,4 +30,9 @@ class Migration(migrations.Migration):
                 'db_table': 'pgjobs_worker',
             },
         ),
+        migrations.AlterField(
+            model_name='operatoraction',
+            name='action',
+            field=models.CharField(choices=[('retry', 'retry'), ('replay', 'replay'), ('cancel', 'cancel'), ('dead_letter', 'dead-letter'), ('view_raw_payload', 'view raw payload'), ('pause_queue', 'pause queue'), ('resume_queue', 'resume queue'), ('set_key_limit', 'set key limit'), ('run_now', 'run now'), ('schedule_create', 'create schedule'), ('schedule_change', 'change schedule'), ('schedule_pause', 'pause schedule'), ('schedule_resume', 'resume schedule'), ('schedule_run_now', 'run schedule now')], max_length=32),
+        ),
     ]

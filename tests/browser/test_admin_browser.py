@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 SECRET_CARD = "4111111111111111"
 SECRET_EMAIL = "ada@example.com"
-OPERATOR_ACTIONS = ["retry_selected", "replay_selected", "cancel_selected",
+OPERATOR_ACTIONS = ["retry_selected", "run_now_selected", "replay_selected", "cancel_selected",
                     "dead_letter_selected"]
 
 
@@ -189,3 +189,27 @@ def test_the_workers_page_and_the_dashboard_say_which_queue_no_live_worker_serve
     expect(rows.nth(1)).to_contain_text("stopped")
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     screenshot("workers")
+
+
+def test_a_job_waiting_out_its_backoff_is_run_now_from_its_own_page(
+    live_server: Any, page: Page, screenshot: Callable[[str], Path]
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    user("op", "view_job", "retry_job")
+    waiting = JobFactory(retrying=True, run_at=timezone.now() + timedelta(minutes=10))
+    log_in(page, live_server.url, "op")
+    page.goto(f"{live_server.url}/admin/pgjobs/job/{waiting.pk}/change/")
+    buttons = page.locator("#pgjobs-job-actions button")
+    expect(buttons).to_have_text(["Run now"])
+    buttons.first.click()
+    expect(page.locator("#pgjobs-changes")).to_contain_text(
+        "1 job (1 retrying) will be due now instead of at their time")
+    screenshot("run-now-plan")
+    page.fill("textarea[name=reason]", "the API is back")
+    page.click("#pgjobs-confirm")
+    expect(page.locator("ul.messagelist")).to_contain_text("Made 1 job due now.")
+    assert Job.objects.get(pk=waiting.pk).status == JobStatus.READY
+    assert OperatorAction.objects.get().action == "run_now"
