@@ -18,7 +18,6 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import wraps
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol, TypeVar
 
 from django.core.signals import setting_changed
@@ -30,6 +29,7 @@ from .outcomes import Outcome
 from .redaction import database_error_text
 from .status import AttemptOutcome
 from .validation import TRACEPARENT, TRACEPARENT_MAX_LENGTH, missing_extra
+from .version import VERSION
 
 logger = logging.getLogger("django_pgjobs.tracing")
 
@@ -106,17 +106,10 @@ def _resolve() -> Any | None:
         else:
             _state.trace = trace
             _state.propagator = tracecontext.TraceContextTextMapPropagator()
-            found = trace.get_tracer(TRACER_NAME, _version(), tracer_provider=_state.provider)
+            found = trace.get_tracer(TRACER_NAME, VERSION, tracer_provider=_state.provider)
     _state.tracer = found
     _state.resolved = True
     return found
-
-
-def _version() -> str:
-    try:
-        return version("django-pgjobs")
-    except PackageNotFoundError:
-        return ""
 
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:

@@ -14,22 +14,15 @@ import json
 import os
 import socket
 from collections.abc import Callable, Collection
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import sql
+from .version import VERSION
 
 # How long a row of a worker not seen is kept.
 WORKER_RETENTION_SECONDS = 24 * 3600
-
-
-def package_version() -> str:
-    try:
-        return version("django-pgjobs")
-    except PackageNotFoundError:
-        return ""
 
 
 class Heartbeat:
@@ -41,7 +34,7 @@ class Heartbeat:
         self.running = running
         self.values: dict[str, Any] = {
             "worker_id": worker_id, "host": socket.gethostname()[:255], "pid": os.getpid(),
-            "version": package_version()[:50],
+            "version": VERSION,
             "queues": None if queues is None else json.dumps(sorted(queues)),
             "concurrency": concurrency, "listens": listens,
         }
