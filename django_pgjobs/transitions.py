@@ -643,8 +643,10 @@ def audit_replay(
 ) -> None:
     """Audit a replay of ``original`` as ``replay`` (``enqueuing.replay_job``, in its
     transaction)."""
-    _audit(OperatorActionKind.REPLAY, actor, reason, [original.pk], 1,
-           {"replay_id": replay.pk, "original_key": original.idempotency_key,
+    # Both jobs, so each one's page lists the replay and links the other.
+    _audit(OperatorActionKind.REPLAY, actor, reason, [original.pk, replay.pk], 1,
+           {"replay_id": replay.pk, "original_id": original.pk,
+            "original_key": original.idempotency_key,
             "replay_key": replay.idempotency_key, "key_moved": key_moved}, using)
 
 

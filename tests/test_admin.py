@@ -335,9 +335,15 @@ def test_replay_keeping_the_key_moves_it_to_the_new_job(login: Any) -> None:
     assert (original.status, original.idempotency_key) == (JobStatus.DEAD, None)
     audit = OperatorAction.objects.get()
     assert (audit.action, audit.actor_name, audit.job_ids, audit.changed) == (
-        "replay", "bob", [original.pk], 1)
-    assert audit.detail == {"replay_id": replay.pk, "original_key": "order-7",
-                            "replay_key": "order-7", "key_moved": True}
+        "replay", "bob", [original.pk, replay.pk], 1)
+    assert audit.detail == {"replay_id": replay.pk, "original_id": original.pk,
+                            "original_key": "order-7", "replay_key": "order-7",
+                            "key_moved": True}
+    # Each job's page links the other.
+    page = client.get(f"{CHANGELIST}{original.pk}/change/").content.decode()
+    assert f'replayed as <a href="{CHANGELIST}{replay.pk}/change/"' in page
+    page = client.get(f"{CHANGELIST}{replay.pk}/change/").content.decode()
+    assert f'a replay of <a href="{CHANGELIST}{original.pk}/change/"' in page
 
 
 def test_replay_with_a_new_key_or_none_leaves_the_original_its_key(login: Any) -> None:

@@ -251,3 +251,35 @@ def test_run_now_leaves_jobs_not_waiting_for_a_time_as_they_are() -> None:
     assert run_jobs_now([ready.pk, running.pk, dead.pk]) == 0
     assert [Job.objects.get(pk=j.pk).status for j in (ready, running, dead)] == [
         "ready", "running", "dead"]
+
+
+# --- records link the records they name -----------------------------------------------------------
+
+
+def test_the_audit_list_names_each_actions_target_with_links(login) -> None:
+    from django_pgjobs.transitions import cancel_jobs, pause_queue, set_key_limit
+    from tests.factories import JobFactory
+
+    jobs = [JobFactory() for _ in range(5)]
+    cancel_jobs([j.pk for j in jobs], reason="bad batch")
+    pause_queue("mail")
+    set_key_limit("tests.limited:acme", 3)
+    page = login("view_operatoraction").get("/admin/pgjobs/operatoraction/").content.decode()
+    assert f'<a href="/admin/pgjobs/job/{jobs[0].pk}/change/">job {jobs[0].pk}</a>' in page
+    assert "and 2 more" in page
+    assert "queue mail" in page and "key tests.limited:acme" in page
+
+
+def test_a_receipt_links_its_job_and_says_when_the_job_is_pruned(login) -> None:
+    from django_pgjobs.models import IdempotencyReceipt
+    from tests.factories import JobFactory
+
+    job = JobFactory()
+    IdempotencyReceipt.objects.create(scope="charge", key="o-1", job_id=job.pk, result={},
+                                      expires_at=job.created_at)
+    IdempotencyReceipt.objects.create(scope="charge", key="o-2", job_id=999_999, result={},
+                                      expires_at=job.created_at)
+    page = login("view_idempotencyreceipt").get(
+        "/admin/pgjobs/idempotencyreceipt/").content.decode()
+    assert f'<a href="/admin/pgjobs/job/{job.pk}/change/">job {job.pk}</a>' in page
+    assert "999999 (pruned)" in page

@@ -101,6 +101,19 @@ _ENDED_BEFORE_THE_CANCEL: dict[str, str] = {
 }
 
 
+def _replay_link(job_id: int, action: OperatorAction) -> str:
+    """On a replay's row of a job's history: a link to the other job of the pair."""
+    detail = action.detail if isinstance(action.detail, dict) else {}
+    if action.action != OperatorActionKind.REPLAY or "replay_id" not in detail:
+        return ""
+    if detail["replay_id"] == job_id:
+        other, said = detail.get("original_id") or action.job_ids[0], "a replay of"
+    else:
+        other, said = detail["replay_id"], "replayed as"
+    return format_html(' ({} <a href="{}" class="pgjobs-replay-link">job {}</a>)', said,
+                       reverse("admin:pgjobs_job_change", args=[other]), other)
+
+
 # The dead list's last-error column: its first line, cut here.
 ERROR_PREVIEW_CHARS = 120
 
@@ -282,13 +295,13 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         actions = operator_actions_of(job.pk)
         rows = [
             (time_text(a.created_at), a.get_action_display(),
-             a.actor_name or "(code)", a.reason or "")
+             a.actor_name or "(code)", a.reason or "", _replay_link(job.pk, a))
             for a in actions
         ]
         if not rows:
             return "-"
         return format_html(
-            "<ul>{}</ul>", format_html_join("", "<li>{} {} by {} {}</li>", rows)
+            "<ul>{}</ul>", format_html_join("", "<li>{} {} by {} {}{}</li>", rows)
         )
 
     def change_view(

@@ -9,7 +9,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from ..models import Attempt, IdempotencyReceipt, Job, OperatorAction
 from ..registry import redactor_for
@@ -71,13 +71,24 @@ class AttemptAdmin(AttemptColumns, TimeColumns, ReadOnlyAdmin):
 
 @admin.register(IdempotencyReceipt)
 class IdempotencyReceiptAdmin(TimeColumns, ReadOnlyAdmin):
-    list_display = ("id", "scope", "key", "job_id", "created_at_shown", "expires_at_shown")
+    list_display = ("id", "scope", "key", "job_link", "created_at_shown", "expires_at_shown")
     sortable_by = ("id", "expires_at_shown")  # the indexed ones
     search_fields = ("=scope", "=key")
     search_help_text = "Exact scope:key."
     ordering = ("-id",)
-    fields = ("scope", "key", "job_id", "result_shown", "created_at_shown", "expires_at_shown")
-    readonly_fields = ("job_id", "result_shown", "created_at_shown", "expires_at_shown")
+    fields = ("scope", "key", "job_link", "result_shown", "created_at_shown", "expires_at_shown")
+    readonly_fields = ("job_link", "result_shown", "created_at_shown", "expires_at_shown")
+
+    @admin.display(description="job")
+    def job_link(self, receipt: IdempotencyReceipt) -> str:
+        # A receipt outlives its pruned job: then the id is all there is.
+        if receipt.job_id is None:
+            return "-"
+        if not Job.objects.filter(pk=receipt.job_id).exists():
+            return f"{receipt.job_id} (pruned)"
+        return format_html('<a href="{}">job {}</a>',
+                           reverse("admin:pgjobs_job_change", args=[receipt.job_id]),
+                           receipt.job_id)
 
     @admin.display(description="result (redacted)")
     def result_shown(self, receipt: IdempotencyReceipt) -> str:
@@ -102,10 +113,14 @@ class IdempotencyReceiptAdmin(TimeColumns, ReadOnlyAdmin):
         return queryset.filter(scope=scope, key=key), False
 
 
+# The audit list names this many of an action's jobs or schedules before "and N more".
+TARGETS_SHOWN = 3
+
+
 @admin.register(OperatorAction)
 class OperatorActionAdmin(TimeColumns, ReadOnlyAdmin):
-    list_display = ("id", "created_at_shown", "actor_name", "action", "selected", "changed",
-                    "reason")
+    list_display = ("id", "created_at_shown", "actor_name", "action", "target", "selected",
+                    "changed", "reason")
     list_filter = ("action",)
     ordering = ("-id",)
     fields = ("created_at_shown", "actor_name", "action", "reason", "selected", "changed",
@@ -115,3 +130,22 @@ class OperatorActionAdmin(TimeColumns, ReadOnlyAdmin):
     @admin.display(description="what changed")
     def detail_shown(self, action: OperatorAction) -> str:
         return format_html("<pre>{}</pre>", pretty(action.detail))
+
+    @admin.display(description="target")
+    def target(self, action: OperatorAction) -> str:
+        """What the action was about, linked: its jobs (the first few), schedules, queue or
+        limit key."""
+        detail = action.detail if isinstance(action.detail, dict) else {}
+        parts = [format_html('<a href="{}">job {}</a>',
+                             reverse("admin:pgjobs_job_change", args=[i]), i)
+                 for i in action.job_ids[:TARGETS_SHOWN]]
+        parts += [format_html('<a href="{}">schedule {}</a>',
+                              reverse("admin:pgjobs_schedule_change", args=[i]), i)
+                  for i in action.schedule_ids[:TARGETS_SHOWN]]
+        more = len(action.job_ids) + len(action.schedule_ids) - len(parts)
+        for name, said in (("queue", "queue {}"), ("key", "key {}")):
+            if isinstance(detail.get(name), str):
+                parts.append(format_html(said, detail[name]))
+        if more > 0:
+            parts.append(format_html("and {} more", more))
+        return format_html_join(", ", "{}", ((p,) for p in parts)) if parts else "-"
