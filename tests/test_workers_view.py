@@ -283,3 +283,22 @@ def test_a_receipt_links_its_job_and_says_when_the_job_is_pruned(login) -> None:
         "/admin/pgjobs/idempotencyreceipt/").content.decode()
     assert f'<a href="/admin/pgjobs/job/{job.pk}/change/">job {job.pk}</a>' in page
     assert "999999 (pruned)" in page
+
+
+def test_the_audit_list_filters_by_actor_and_by_date(login) -> None:
+    from django.utils import timezone
+
+    from django_pgjobs.transitions import Actor, pause_queue, resume_queue
+
+    pause_queue("mail", actor=Actor("ada"))
+    resume_queue("mail", actor=Actor("bob"))
+    client = login("view_operatoraction")
+    page = client.get("/admin/pgjobs/operatoraction/?actor_name__exact=ada").content.decode()
+    rows = page.split('id="result_list"', 1)[1].split("</table>", 1)[0]
+    assert "ada" in rows and "bob" not in rows
+    today = timezone.now()
+    page = client.get(f"/admin/pgjobs/operatoraction/?created_at__year={today.year}"
+                      f"&created_at__month={today.month}").content.decode()
+    assert 'class="toplinks"' in page  # the date drill-down
+    rows = page.split('id="result_list"', 1)[1].split("</table>", 1)[0]
+    assert "ada" in rows and "bob" in rows

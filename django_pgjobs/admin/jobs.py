@@ -101,6 +101,18 @@ _ENDED_BEFORE_THE_CANCEL: dict[str, str] = {
 }
 
 
+# A success message links this many of the jobs it names.
+JOBS_LINKED = 10
+
+
+def _job_links(ids: list[int]) -> str:
+    """The jobs an action selected, linked (the first few): "Jobs: job 5, job 6"."""
+    links = format_html_join(", ", '<a href="{}">job {}</a>', (
+        (reverse("admin:pgjobs_job_change", args=[i]), i) for i in ids[:JOBS_LINKED]))
+    more = f" and {len(ids) - JOBS_LINKED} more" if len(ids) > JOBS_LINKED else ""
+    return format_html("Selected: {}{}.", links, more)
+
+
 def _replay_link(job_id: int, action: OperatorAction) -> str:
     """On a replay's row of a job's history: a link to the other job of the pair."""
     detail = action.detail if isinstance(action.detail, dict) else {}
@@ -438,7 +450,8 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
             except ValueError as exc:
                 self.message_user(request, str(exc), messages.ERROR)
                 return None
-            self.message_user(request, text, messages.SUCCESS)
+            self.message_user(request, format_html("{} {}", text, _job_links(ids)),
+                              messages.SUCCESS)
             return None
         plan = action.plan(ids, status_counts(ids))
         context = {

@@ -121,7 +121,8 @@ TARGETS_SHOWN = 3
 class OperatorActionAdmin(TimeColumns, ReadOnlyAdmin):
     list_display = ("id", "created_at_shown", "actor_name", "action", "target", "selected",
                     "changed", "reason")
-    list_filter = ("action",)
+    list_filter = ("action", "actor_name")
+    date_hierarchy = "created_at"
     ordering = ("-id",)
     fields = ("created_at_shown", "actor_name", "action", "reason", "selected", "changed",
               "job_ids", "schedule_ids", "detail_shown")
