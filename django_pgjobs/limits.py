@@ -35,8 +35,19 @@ QUEUE = "queue"
 _NAMED_KEYS = (FAIRNESS_KEY, QUEUE)
 
 
+class _Keyed:
+    """What a Limit and a Rate share: a job's key, ``name:key``, by their ``key`` rule."""
+
+    key: Callable[[Any], str] | str | None
+    name: str | None
+
+    def key_of(self, task: str, payload: Any, fairness_key: str | None, queue: str) -> str:
+        """The key of a job of ``task``: ``name:key``. Raise ``InvalidLimitKey``."""
+        return _key_of(self.name or task, self.key, task, payload, fairness_key, queue)
+
+
 @dataclass(frozen=True)
-class Limit:
+class Limit(_Keyed):
     """At most ``max_running`` jobs with one key run at once.
 
     ``key`` gives a job's key: a function of its payload that returns a string,
@@ -56,13 +67,10 @@ class Limit:
             raise InvalidJobOption(f"Limit max_running {problem}")
         _check_key_and_name("Limit", self.key, self.name)
 
-    def key_of(self, task: str, payload: Any, fairness_key: str | None, queue: str) -> str:
-        """The limit key of a job of ``task``: ``name:key``. Raise ``InvalidLimitKey``."""
-        return _key_of(self.name or task, self.key, task, payload, fairness_key, queue)
 
 
 @dataclass(frozen=True)
-class Rate:
+class Rate(_Keyed):
     """At most ``count`` jobs with one key start per ``per`` (seconds or a timedelta).
 
     Starts are spaced evenly, ``per / count`` apart (a generic cell rate algorithm: one time per
@@ -101,10 +109,6 @@ class Rate:
         per = seconds_of(self.per)
         assert per is not None
         return per / self.count
-
-    def key_of(self, task: str, payload: Any, fairness_key: str | None, queue: str) -> str:
-        """The rate key of a job of ``task``: ``name:key``. Raise ``InvalidLimitKey``."""
-        return _key_of(self.name or task, self.key, task, payload, fairness_key, queue)
 
     def weight_of(self, task: str, payload: Any) -> int:
         """How many starts a job of ``task`` weighs. Raise ``InvalidLimitKey``."""

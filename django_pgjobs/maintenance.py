@@ -121,7 +121,6 @@ class RateStep:
         self.next_in: float | None = None
 
     def __call__(self, using: str = DEFAULT_DB_ALIAS) -> int:
-        self.next_in = None
         started, self.next_in = start_rate_heads(settings.PROMOTE_BATCH, using=using)
         return started
 

@@ -74,7 +74,7 @@ from .status import (
     JobStatus,
     TerminalReason,
 )
-from .validation import limit_key_problem, max_running_problem, queue_problem
+from .validation import limit_key_problem, max_running_problem, queue_problem, seconds_of
 
 # --- 0. the insert ------------------------------------------------------------------------------
 
@@ -808,7 +808,7 @@ def set_key_rate(
     if declared is None:
         raise ValueError(f"key {key!r} is not a rate's: no handler here declares a Rate of that "
                          "name (a Limit's key takes a max_running)")
-    per_seconds = rate.interval * rate.count
+    per_seconds = seconds_of(per)
     with transaction.atomic(using=using):
         limits = KeyLimit.objects.using(using)
         row = limits.filter(key=key).first()

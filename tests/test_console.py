@@ -1,5 +1,6 @@
-"""The worker processes' heartbeat rows, and what the admin, the dashboard and pgjobs_stats say
-of them: which workers are live, and which queues with ready jobs none of them serves."""
+"""The operator console: the worker processes' heartbeat rows (which workers are live, which
+queues with ready jobs none of them serves), errors grouped, the dead list's reasons, actions on
+a job's own page, and records that link what they name."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import re
 import signal
 import time
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -149,9 +151,7 @@ def test_killing_the_only_worker_of_a_queue_makes_the_dashboard_name_it_at_once(
     assert time.monotonic() - killed < heartbeat
 
 
-def _seconds(n: float):  # type: ignore[no-untyped-def]
-    from datetime import timedelta
-
+def _seconds(n: float) -> timedelta:
     return timedelta(seconds=n)
 
 
@@ -201,8 +201,6 @@ def test_the_dead_list_says_each_jobs_terminal_reason_and_last_error(login) -> N
 
 
 def test_a_job_waiting_out_its_backoff_can_be_run_now_from_its_page(login) -> None:
-    from datetime import timedelta
-
     from django.utils import timezone
 
     from django_pgjobs.models import OperatorAction
