@@ -8,6 +8,7 @@ cheap on a table with millions of finished jobs. ``snapshot`` gathers them all; 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -407,7 +408,8 @@ def workers(*, limit: int = WORKERS_SHOWN, using: str = DEFAULT_DB_ALIAS) -> lis
         "heartbeat": float(settings.WORKER_HEARTBEAT_SECONDS), "limit": limit}, using)
     return [WorkerStats(
         worker_id=r["worker_id"], host=r["host"], pid=int(r["pid"]), version=r["version"],
-        queues=r["queues"],  # jsonb, read as a list (or None)
+        # jsonb comes back from a raw cursor as its text (Django's loader).
+        queues=None if r["queues"] is None else json.loads(r["queues"]),
         concurrency=int(r["concurrency"]), started_at=r["started_at"],
         last_seen_at=r["last_seen_at"], seen_seconds_ago=float(r["seen_seconds_ago"]),
         running=int(r["running"]), state=str(r["state"]),

@@ -40,7 +40,8 @@ def test_a_heartbeat_writes_the_workers_row_and_a_stop_says_so() -> None:
         "w1", ["default", "mail"], 4, 2, None)
     assert row.pid > 0 and row.host
     [w] = stats.workers()
-    assert (w.state, w.serves("mail"), w.serves("other")) == ("live", True, False)
+    assert (w.state, w.queues, w.serves("mail"), w.serves("other")) == (
+        "live", ["default", "mail"], True, False)
     heartbeat.stopped()
     [w] = stats.workers()
     assert w.state == "stopped"
