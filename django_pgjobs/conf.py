@@ -58,6 +58,13 @@ DEFAULT_RETENTION_SECONDS = {
     "dead": 14 * 24 * 3600,
 }
 DEFAULT_PRUNE_INTERVAL_SECONDS = 60.0
+# The queues' history (django_pgjobs.history): one sample per queue per interval, kept this long
+# (the admin's longest chart is a week).
+DEFAULT_HISTORY_INTERVAL_SECONDS = 60.0
+# The admin's dashboard and lists reload themselves this often while visible (the operator can
+# stop it).
+DEFAULT_ADMIN_REFRESH_SECONDS = 10.0
+DEFAULT_HISTORY_RETENTION_SECONDS = 8 * 24 * 3600
 DEFAULT_PRUNE_BATCH = 1000
 DEFAULT_NOTIFY = True
 # Workers LISTEN for those notifications; False: poll only, keeping no session state (for

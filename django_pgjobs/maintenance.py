@@ -19,6 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import sql
 from .conf import DEFAULT_RETENTION_SECONDS, settings
+from .history import sample_queues
 from .models import PRIORITY_MAX, PRIORITY_MIN
 from .receipts import delete_expired_receipts
 from .schedules import ScheduleStep
@@ -359,6 +360,9 @@ def default_steps(
         _rate_step(poll_interval),
         Step("prune", float(settings.PRUNE_INTERVAL_SECONDS), prune_finished,
                  backlog_at=int(settings.PRUNE_BATCH)),
+        # Twice per interval: the first run in an interval samples it, the jitter never skips
+        # one, and a second run finds it sampled at the cost of one index probe.
+        Step("history", float(settings.HISTORY_INTERVAL_SECONDS) / 2, _sample_history),
         # Syncs the declared schedules on its first run, then enqueues due ticks in batches.
         Step("schedules", float(settings.SCHEDULE_INTERVAL_SECONDS), ScheduleStep(),
                  backlog_at=int(settings.SCHEDULE_BATCH), wakes_workers=True),
@@ -376,6 +380,11 @@ def default_steps(
 
 
 RATES_STEP = "rates"
+
+
+def _sample_history(using: str = DEFAULT_DB_ALIAS) -> int:
+    sample_queues(using)
+    return 0  # never a backlog: one sample per interval is all there is
 
 
 def _rate_step(poll_interval: float) -> Step:

@@ -284,9 +284,11 @@ class Job(models.Model):
                 name="pgjobs_job_rate_next_idx",
                 condition=Q(status=JobStatus.THROTTLED, limit_slot__isnull=False),
             ),
-            # The admin's search by trace id; without it a search reads the whole history.
+            # The admin's search by trace id or its first characters (text_pattern_ops answers
+            # LIKE 'prefix%' in any collation); without it a search reads the whole history.
             models.Index(
-                fields=["trace_id"], name="pgjobs_job_trace_idx", condition=~Q(trace_id="")
+                fields=["trace_id"], name="pgjobs_job_trace_prefix_idx", condition=~Q(trace_id=""),
+                opclasses=["text_pattern_ops"],
             ),
         ]
         constraints = [
@@ -402,6 +404,13 @@ class Attempt(models.Model):
                 name="pgjobs_attempt_failed_idx",
                 condition=~Q(failure_class=""),
             ),
+            # The history's sample counts the attempts that failed in its minute, by when they
+            # ended: a long attempt fails minutes after its claim.
+            models.Index(
+                fields=["finished_at"],
+                name="pgjobs_attempt_failed_end_idx",
+                condition=~Q(failure_class=""),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -497,6 +506,35 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class QueueSample(models.Model):
+    """One queue's state at the end of one sampling interval (``django_pgjobs.history``): how
+    many jobs waited and ran then, how long its oldest ready job had waited, and how many jobs
+    succeeded and attempts failed during the interval. A queue with nothing to count has no row.
+    Written by one statement per interval and kept ``PGJOBS_HISTORY_RETENTION_SECONDS``."""
+
+    id = models.BigAutoField(primary_key=True)
+    sampled_at = models.DateTimeField()  # the interval's end, on the interval's grid
+    queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
+    ready = models.PositiveIntegerField(default=0)
+    waiting = models.PositiveIntegerField(default=0)  # scheduled, retrying or throttled
+    running = models.PositiveIntegerField(default=0)
+    oldest_ready_seconds = models.FloatField(null=True, blank=True)
+    succeeded = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)  # failed attempts, retried or not
+    dead = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        db_table = "pgjobs_queue_sample"
+        verbose_name = "queue sample"
+        constraints = [
+            models.UniqueConstraint(fields=["sampled_at", "queue"],
+                                    name="pgjobs_queue_sample_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} at {self.sampled_at:%Y-%m-%d %H:%M}"
 
 
 class KeySlot(models.Model):

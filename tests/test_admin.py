@@ -525,18 +525,25 @@ def test_attempt_receipt_and_audit_pages_are_redacted_and_read_only(login: Any) 
 # --- list: columns, search, filters, queries ----------------------------------------------------
 
 
-def test_search_finds_exact_ids_idempotency_keys_and_trace_ids(login: Any) -> None:
+def test_search_finds_ids_and_keys_whole_and_trace_ids_and_tasks_by_their_start(
+    login: Any,
+) -> None:
     client = login("view_job")
-    by_id, by_key, by_trace = (JobFactory(), JobFactory(task="tests.ok", idempotency_key="ik-1"),
-                               JobFactory(trace_id="trace-abc"))
-    JobFactory(idempotency_key="ik-10", trace_id="trace-abcd")
+    by_id, by_key, by_trace = (JobFactory(task="demo.noop"),
+                               JobFactory(task="tests.ok", idempotency_key="ik-1"),
+                               JobFactory(task="demo.noop", trace_id="trace-abcd"))
+    longer = JobFactory(task="demo.noop", idempotency_key="ik-10", trace_id="trace-abce")
+    JobFactory(task="tests.ok", trace_id="other-trace")
 
     def found(term: str) -> set[int]:
         return {j.pk for j in client.get(CHANGELIST, {"q": term}).context["cl"].result_list}
 
     assert found(str(by_id.pk)) == {by_id.pk}
-    assert found("ik-1") == {by_key.pk}
-    assert found("trace-abc") == {by_trace.pk}
+    assert found("ik-1") == {by_key.pk}  # a key is whole: not ik-10
+    assert found("trace-abcd") == {by_trace.pk}
+    assert found("trace-abc") == {by_trace.pk, longer.pk}
+    assert found("tests.") == {by_key.pk, longer.pk + 1}  # every task whose name starts so
+    assert found("race-abc") == set()  # the start, not anywhere
     assert found("nothing-like-it") == set()
 
 
@@ -556,7 +563,9 @@ def test_filters_offer_known_queues_and_tasks_without_reading_the_table(login: A
     assert "tests.admin.charge" in task_choices and "demo.noop" in task_choices
 
 
-def test_list_columns_show_attempts_age_and_lease_expiry(login: Any) -> None:
+def test_list_columns_show_attempts_age_and_a_running_jobs_lease_with_its_status(
+    login: Any,
+) -> None:
     client = login("view_job")
     JobFactory(running=True, attempts=2, max_attempts=5,
                created_at=timezone.now() - timedelta(minutes=3, seconds=5),
@@ -565,8 +574,10 @@ def test_list_columns_show_attempts_age_and_lease_expiry(login: Any) -> None:
     html = client.get(CHANGELIST).content.decode()
     assert '<td class="field-attempts_used">2/5</td>' in html
     assert '<td class="field-age">3m 5s</td>' in html or '<td class="field-age">3m 6s</td>' in html
-    assert '<td class="field-lease">in 20s</td>' in html
-    assert '<td class="field-lease">expired 1m 30s ago</td>' in html
+    running = '<span class="pgjobs-status pgjobs-status-live">running</span>'
+    assert f'<td class="field-status_shown">{running} <small>lease 20s</small></td>' in html
+    assert (f'<td class="field-status_shown">{running} <small>lease expired 1m 30s ago</small>'
+            '</td>') in html
 
 
 def test_duration_text() -> None:
@@ -636,7 +647,7 @@ def test_searches_use_indexes_on_a_large_history() -> None:
                 plans.append("\n".join(row[0] for row in cursor.fetchall()))
     joined = "\n".join(plans)
     assert "Seq Scan on pgjobs_job" not in joined
-    assert "pgjobs_job_idempotency_key" in joined and "pgjobs_job_trace_idx" in joined
+    assert "pgjobs_job_idempotency_key" in joined and "pgjobs_job_trace_prefix_idx" in joined
 
 
 # --- dashboard ----------------------------------------------------------------------------------
@@ -662,7 +673,7 @@ def test_the_dashboard_renders_the_queues_against_their_backlog_policy(login: An
     assert rows["reports"].policy == "none" and rows["reports"].healthy
     assert rows["mail"].cells[0].url == f"{CHANGELIST}?queue=mail&status__exact=ready"
     html = response.content.decode()
-    assert '<svg xmlns="http://www.w3.org/2000/svg" id="pgjobs-throughput"' in html
+    assert 'id="pgjobs-history-all"' in html and 'id="pgjobs-wait-all"' in html
     assert "too old" in html
     assert response.context["snapshot"].leases.expired == 1
 

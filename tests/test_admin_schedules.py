@@ -71,7 +71,7 @@ def form_data(**overrides: Any) -> dict[str, Any]:
 # --- what operators see ------------------------------------------------------------------------
 
 
-def test_the_list_shows_last_tick_next_five_ticks_and_the_last_job_with_its_outcome(
+def test_the_list_shows_the_last_and_next_ticks_and_the_page_the_next_five(
     login,
 ) -> None:
     schedule = ScheduleFactory(name="ops.hourly", task="tests.admin.report", cron="0 * * * *",
@@ -81,17 +81,23 @@ def test_the_list_shows_last_tick_next_five_ticks_and_the_last_job_with_its_outc
     job_row = Job.objects.get(schedule=schedule)
     Job.objects.filter(pk=job_row.pk).update(status=JobStatus.DEAD, finished_at=timezone.now(),
                                              terminal_reason="permanent_error")
-    client = login("view_schedule")
+    client = login("view_schedule", "view_job")
     page = client.get(LIST).content.decode()
     assert "ops.hourly" in page
     # The last tick, in the schedule's zone, said as every time in the admin is (time_text).
     assert "2026-10-25 02:00:00.000 CEST" in page
-    # The next five, through the repeated hour: 02:00 again, an hour later in CET.
+    # The next one in the list, the next five on the schedule's page, through the repeated
+    # hour: 02:00 again, an hour later in CET.
+    assert "2026-10-25 02:00:00.000 CET" in page and "03:00:00.000 CET" not in page
+    detail = client.get(f"/admin/pgjobs/schedule/{schedule.pk}/change/").content.decode()
     for tick in ("2026-10-25 02:00:00.000 CET", "2026-10-25 03:00:00.000 CET",
                  "2026-10-25 04:00:00.000 CET", "2026-10-25 05:00:00.000 CET",
                  "2026-10-25 06:00:00.000 CET"):
-        assert tick in page
-    assert f'<a href="/admin/pgjobs/job/{job_row.pk}/change/">{job_row.pk}</a> dead' in page
+        assert tick in detail
+    # Its last job with that job's outcome, and all of its jobs.
+    assert f'last <a href="/admin/pgjobs/job/{job_row.pk}/change/">#{job_row.pk}</a> dead' in page
+    jobs = client.get(f"/admin/pgjobs/job/?schedule={schedule.pk}")
+    assert [j.pk for j in jobs.context["cl"].result_list] == [job_row.pk]
 
 
 def test_the_list_does_not_query_per_row(login, django_assert_max_num_queries) -> None:
@@ -124,7 +130,7 @@ def test_the_page_says_its_times_as_every_admin_page_does(login) -> None:
 def test_a_schedule_that_will_not_tick_lists_no_next_ticks(login, state) -> None:
     ScheduleFactory(cron="0 3 * * *", **{f"{state}_at": timezone.now()})
     page = login("view_schedule").get(LIST).content.decode()
-    assert f'<td class="field-next_ticks_shown">{state}</td>' in page
+    assert f'<td class="field-next_tick_shown">{state}</td>' in page
     assert "03:00:00.000 UTC" not in page
 
 

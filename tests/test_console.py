@@ -193,7 +193,8 @@ def test_the_dead_list_says_each_jobs_terminal_reason_and_last_error(login) -> N
     fail("demo.noop", "order 1 not found\nTraceback (most recent call last): ...")
     client = login("view_job")
     page = client.get("/admin/pgjobs/job/?status__exact=dead").content.decode()
-    assert "column-terminal_reason" in page and "column-error_preview" in page
+    assert "column-reason_shown" in page and "column-error_preview" in page
+    assert "permanent error" in page
     assert "order 1 not found" in page and "Traceback" not in page
     assert "column-error_preview" not in client.get("/admin/pgjobs/job/").content.decode()
 

@@ -21,6 +21,7 @@ OWNERS = {
     "pgjobs_schedule": {"schedules.sql": "schedules.py"},
     "pgjobs_key_slot": {"limits.sql": "transitions.py"},
     "pgjobs_worker": {"workers.sql": "workers.py"},
+    "pgjobs_queue_sample": {"history.sql": "history.py"},
 }
 
 

@@ -408,3 +408,11 @@ SCHEDULE_ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("run_now_selected", "run", "Run selected schedules now", ReasonForm, run_now_plan,
            apply_run_now),
 )}
+# The states each schedule action changes, and the schedule page's button of each, in order.
+SCHEDULE_ACTION_STATES: dict[str, frozenset[str]] = {
+    "run_now_selected": frozenset({"active", "paused"}),
+    "pause_selected": frozenset({"active"}),
+    "resume_selected": frozenset({"paused"}),
+}
+SCHEDULE_BUTTONS = {"run_now_selected": "Run now", "pause_selected": "Pause",
+                    "resume_selected": "Resume"}

@@ -1,30 +1,32 @@
 """The operations dashboard: ``stats.snapshot()`` arranged for the admin page.
 
-Everything is rendered on the server; the throughput chart is an inline SVG built here, so the
-page needs no JavaScript and no asset build.
+Everything is rendered on the server; the history's charts are inline SVG (``charts``), so the
+page needs no asset build. Its only script refreshes it in place (``live.html``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 from django.db import DEFAULT_DB_ALIAS
 from django.urls import reverse
-from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
 
-from .. import stats
+from .. import history, stats
+from ..conf import settings
 from ..registry import redactor_for
 from ..status import FailureClass, JobStatus
+from .charts import Series, log_chart
 from .display import duration_text, jobs_text, time_text
 
 WORKERS_ON_DASHBOARD = 20
-CHART_WIDTH = 720
-CHART_HEIGHT = 200
-CHART_MARGIN = 36  # room for the axis labels
+# The history charts show the busiest queues, this many, each with its own pair of charts.
+HISTORY_QUEUES_SHOWN = 12
+# Each range's time labels: how they read and how many buckets apart.
+TIME_LABELS = {"1h": ("%H:%M", 10), "24h": ("%H:%M", 16), "7d": ("%a %H:%M", 24)}
 COUNTED_STATUSES = (JobStatus.READY, JobStatus.THROTTLED, JobStatus.SCHEDULED, JobStatus.RUNNING,
                     JobStatus.RETRYING, JobStatus.DEAD)
 
@@ -102,8 +104,9 @@ def health(snap: stats.Snapshot) -> tuple[list[str], str]:
     return problems, checked
 
 
-def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
-    """The template context of the dashboard page."""
+def dashboard_context(*, range_name: str = history.DEFAULT_RANGE,
+                      using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """The template context of the dashboard page; ``range_name`` is the history's span."""
     snap = stats.snapshot(using=using)
     changelist = reverse("admin:pgjobs_job_changelist")
     listed = {q.queue for q in snap.queues}
@@ -162,7 +165,7 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
             "newest_url": reverse("admin:pgjobs_job_change", args=[g.newest_job]),
             "newest_job": g.newest_job,
         } for g in snap.errors],
-        "throughput_svg": throughput_svg(snap.throughput),
+        **history_context(range_name, using=using),
         "throughput_total": sum(p.succeeded + p.dead for p in snap.throughput),
         "recent_hours": round(snap.windows.get("recent_seconds", 0) / 3600),
         "latency_minutes": round(snap.windows.get("latency_window_seconds", 0) / 60),
@@ -176,6 +179,95 @@ def dashboard_context(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     }
 
 
+def _grid(range_name: str, now: datetime) -> list[datetime]:
+    """The buckets' starts over the range, oldest first, on the grid the database bins on."""
+    span, bucket = history.RANGES[range_name][0], history.bucket_seconds(range_name)
+    epoch = datetime(2000, 1, 1, tzinfo=UTC)
+    last = epoch + timedelta(seconds=(now - epoch).total_seconds() // bucket * bucket)
+    return [last - timedelta(seconds=bucket * k) for k in range(span // bucket - 1, -1, -1)]
+
+
+def history_context(range_name: str, *, using: str = DEFAULT_DB_ALIAS,
+                    now: datetime | None = None) -> dict[str, Any]:
+    """The history section: every queue together, then the busiest queues one by one.
+
+    A bucket no worker sampled is a gap in every line (no worker ran then, or none had yet);
+    a bucket sampled without a queue's row is a zero for that queue (it had nothing)."""
+    if range_name not in history.RANGES:
+        range_name = history.DEFAULT_RANGE
+    by_queue = history.points(range_name, using=using)
+    grid = _grid(range_name, now or datetime.now(UTC))
+    index = {at: i for i, at in enumerate(grid)}
+    sampled = {p.at for points in by_queue.values() for p in points}
+    per_minute = history.bucket_seconds(range_name) / 60
+    time_format, every = TIME_LABELS[range_name]
+
+    def column(points: Sequence[history.Point], value: Any, *, zero: float | None = 0.0
+               ) -> list[float | None]:
+        out: list[float | None] = [zero if at in sampled else None for at in grid]
+        for p in points:
+            if p.at in index:
+                out[index[p.at]] = value(p)
+        return out
+
+    def charts(name: str, points: Sequence[history.Point]) -> dict[str, Any]:
+        slug = "all" if name == "" else name
+        jobs = [
+            Series("ready", "ready (peak)", column(points, lambda p: p.ready)),
+            Series("running", "running (peak)", column(points, lambda p: p.running)),
+            Series("waiting", "scheduled, retrying or throttled (peak)",
+                   column(points, lambda p: p.waiting)),
+            Series("succeeded", "succeeded per minute",
+                   column(points, lambda p: p.succeeded / per_minute)),
+            Series("failed", "failed attempts per minute",
+                   column(points, lambda p: p.failed / per_minute)),
+        ]
+        wait = [Series("wait", "oldest ready job's wait (longest)",
+                       column(points, lambda p: p.oldest_ready_seconds, zero=None))]
+        what = "every queue" if name == "" else f"queue {name}"
+        return {
+            "queue": name,
+            "jobs_svg": log_chart(f"pgjobs-history-{slug}", grid, jobs,
+                                  title=f"Jobs in {what}", time_format=time_format,
+                                  label_every=every),
+            "wait_svg": log_chart(f"pgjobs-wait-{slug}", grid, wait,
+                                  title=f"Oldest ready wait in {what}", unit="s",
+                                  time_format=time_format, label_every=every),
+        }
+
+    activity = {q: sum(p.ready + p.running + p.waiting + p.succeeded + p.failed for p in pts)
+                for q, pts in by_queue.items()}
+    busiest = sorted(sorted(activity, key=lambda q: -activity[q])[:HISTORY_QUEUES_SHOWN])
+    totals = _summed(by_queue)
+    return {
+        "history_range": range_name,
+        "history_ranges": list(history.RANGES),
+        "history_sampled": bool(sampled),
+        "history_interval": duration_text(float(settings.HISTORY_INTERVAL_SECONDS)),
+        "history_all": charts("", totals),
+        "history_queues": [charts(q, by_queue[q]) for q in busiest],
+        "history_more": len(by_queue) - len(busiest),
+    }
+
+
+def _summed(by_queue: dict[str, list[history.Point]]) -> list[history.Point]:
+    """Every queue's points added up per bucket (the longest wait, not the sum of them)."""
+    buckets: dict[datetime, history.Point] = {}
+    for points in by_queue.values():
+        for p in points:
+            was = buckets.get(p.at)
+            if was is None:
+                buckets[p.at] = p
+                continue
+            waits = [w for w in (was.oldest_ready_seconds, p.oldest_ready_seconds)
+                     if w is not None]
+            buckets[p.at] = history.Point(
+                p.at, None, was.ready + p.ready, was.waiting + p.waiting,
+                was.running + p.running, max(waits) if waits else None,
+                was.succeeded + p.succeeded, was.failed + p.failed, was.dead + p.dead)
+    return [buckets[at] for at in sorted(buckets)]
+
+
 def class_label(failure_class: str) -> str:
     """A failure class as the lists and the job page say it (``lease expired``)."""
     return str(FailureClass(failure_class).label) if failure_class in FailureClass.values \
@@ -186,42 +278,4 @@ def _filter(queue: str, status: str) -> str:
     return urlencode({"queue": queue, "status__exact": status})
 
 
-def throughput_svg(points: Sequence[stats.ThroughputPoint]) -> SafeString:
-    """Jobs finished per minute as stacked bars (succeeded under dead), as an inline SVG."""
-    width, height, margin = CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN
-    plot_w, plot_h = width - 2 * margin, height - 2 * margin
-    peak = max((p.succeeded + p.dead for p in points), default=0)
-    scale = plot_h / peak if peak else 0.0
-    slot = plot_w / max(len(points), 1)
-    bars = []
-    for i, p in enumerate(points):
-        x = margin + i * slot
-        ok_h, dead_h = p.succeeded * scale, p.dead * scale
-        label = f"{p.minute:%H:%M}: {p.succeeded} succeeded, {p.dead} dead"
-        bars.append((f"{x:.1f}", f"{margin + plot_h - ok_h:.1f}", f"{max(slot - 1, 1):.1f}",
-                     f"{ok_h:.1f}", "pgjobs-ok", label))
-        if p.dead:
-            bars.append((f"{x:.1f}", f"{margin + plot_h - ok_h - dead_h:.1f}",
-                         f"{max(slot - 1, 1):.1f}", f"{dead_h:.1f}", "pgjobs-dead", label))
-    ticks = [
-        (f"{margin + i * slot:.1f}", f"{height - margin + 14}", f"{p.minute:%H:%M}")
-        for i, p in enumerate(points) if i % 10 == 0
-    ]
-    return format_html(
-        '<svg xmlns="http://www.w3.org/2000/svg" id="pgjobs-throughput" role="img" '
-        'width="{w}" height="{h}" viewBox="0 0 {w} {h}" aria-label="{aria}">'
-        '<line x1="{m}" y1="{base}" x2="{right}" y2="{base}" stroke="currentColor"/>'
-        '<text x="{m}" y="{top_label}" font-size="11">{peak} per minute</text>'
-        "{bars}{ticks}</svg>",
-        w=width, h=height, m=margin, base=margin + plot_h, right=width - margin,
-        top_label=margin - 8, peak=peak,
-        aria=f"Jobs finished per minute over the last {len(points)} minutes, peak {peak}",
-        bars=format_html_join(
-            "", '<rect x="{}" y="{}" width="{}" height="{}" class="{}"><title>{}</title></rect>',
-            bars,
-        ),
-        ticks=format_html_join("", '<text x="{}" y="{}" font-size="10">{}</text>', ticks),
-    )
-
-
-__all__ = ["dashboard_context", "health", "throughput_svg"]
+__all__ = ["dashboard_context", "health", "history_context"]

@@ -14,7 +14,8 @@ from django.db import connections
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.functional import cached_property
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 
 from .. import sql
 from ..models import Attempt, Job
@@ -74,6 +75,36 @@ def pretty(value: Any) -> str:
 def preview(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= PREVIEW_MAX_CHARS else text[: PREVIEW_MAX_CHARS - 1] + "…"
+
+
+# Each status's badge colour: what needs an operator (bad), what runs or may (live), what waits
+# for a time or a slot (waiting), what is done (good). The badge always says the status too.
+STATUS_TONES: dict[str, str] = {
+    JobStatus.DEAD: "bad", JobStatus.RUNNING: "live", JobStatus.READY: "live",
+    JobStatus.SUCCEEDED: "good",
+}
+
+
+def status_badge(status: str) -> SafeString:
+    """A job status as text in a coloured frame: never colour alone."""
+    return format_html('<span class="pgjobs-status pgjobs-status-{}">{}</span>',
+                       STATUS_TONES.get(status, "wait"), status)
+
+
+def breakable(name: str) -> SafeString:
+    """A dotted name that may wrap after each dot (``billing.<wbr>charge``), never inside a
+    word: a narrow column wraps it where a reader would."""
+    return format_html_join(mark_safe("<wbr>"), "{}", ((part,) for part in _after_dots(name)))
+
+
+def _after_dots(name: str) -> list[str]:
+    parts = name.split(".")
+    return [p + "." for p in parts[:-1]] + parts[-1:]
+
+
+def one_line(text: str) -> SafeString:
+    """Text kept on one line, cut with an ellipsis where its column ends; whole on hover."""
+    return format_html('<span class="pgjobs-one-line" title="{}">{}</span>', text, text)
 
 
 def jobs_text(n: int) -> str:

@@ -56,6 +56,32 @@ class QueueFilter(KnownNamesFilter):
 class TaskFilter(KnownNamesFilter):
     title = "task"
     parameter_name = "task"
+    # Many tasks: the list gets a box that narrows it as the operator types.
+    template = "admin/pgjobs/filter_with_search.html"
+
+    @staticmethod
+    def names() -> set[str]:
+        return set(registry.names())
 
     def known_names(self) -> set[str]:
-        return set(registry.names())
+        return self.names()
+
+
+class ScheduleFilter(admin.SimpleListFilter):
+    """The jobs one schedule made (``?schedule=<id>``, linked from the schedule's pages); shown
+    only while chosen, since a list of every schedule would say little."""
+
+    title = "schedule"
+    parameter_name = "schedule"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(str(value), f"#{value}")] if value and str(value).isdigit() else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if not value:
+            return queryset
+        if not str(value).isdigit() or len(str(value)) > 18:
+            return queryset.none()
+        return queryset.filter(schedule_id=int(str(value)))

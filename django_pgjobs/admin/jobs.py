@@ -26,7 +26,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from .. import sql, transitions
+from .. import history, sql, transitions
 from ..models import Attempt, Job, OperatorAction, OperatorActionKind
 from ..registry import redactor_for
 from ..status import JobStatus, TerminalReason
@@ -41,15 +41,18 @@ from .actions import (
 from .base import AttemptColumns, NoWrites, ReadOnlyAdmin, TimeColumns
 from .dashboard import dashboard_context
 from .display import (
+    breakable,
     duration_text,
     exact_id,
+    one_line,
     parse_ids,
     pretty,
     preview,
     searchable,
+    status_badge,
     time_text,
 )
-from .filters import QueueFilter, TaskFilter
+from .filters import QueueFilter, ScheduleFilter, TaskFilter
 
 
 def _actor(request: HttpRequest) -> transitions.Actor:
@@ -132,11 +135,14 @@ ERROR_PREVIEW_CHARS = 120
 
 @admin.register(Job)
 class JobAdmin(TimeColumns, ReadOnlyAdmin):
-    list_display = ("id", "task", "queue", "status", "attempts_used", "age", "lease",
-                    "failure_class", "payload_preview")
-    list_filter = ("status", QueueFilter, TaskFilter, "failure_class")
+    # Narrow enough for 1366 px beside the admin's menu and the filters: the status cell says
+    # the lease or the failure class with the status; the payload is one line.
+    list_display = ("id", "task_shown", "queue", "status_shown", "attempts_used", "age",
+                    "payload_preview")
+    list_filter = ("status", QueueFilter, TaskFilter, "failure_class", ScheduleFilter)
     search_fields = ("=id", "=idempotency_key", "=trace_id")
-    search_help_text = "Exact job id, idempotency key or trace id."
+    search_help_text = ("A job id or idempotency key, whole; the first characters of a trace id "
+                        "or of task names (\"billing.\" finds every billing task).")
     ordering = ("-id",)
     change_form_template = "admin/pgjobs/job/change_form.html"
     inlines = [AttemptInline]
@@ -204,29 +210,44 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     def age(self, job: Job) -> str:
         return duration_text((timezone.now() - job.created_at).total_seconds())
 
-    @admin.display(description="lease expiry")
-    def lease(self, job: Job) -> str:
-        if job.lease_expires_at is None:
-            return "-"
-        left = (job.lease_expires_at - timezone.now()).total_seconds()
-        return f"in {duration_text(left)}" if left >= 0 else f"expired {duration_text(-left)} ago"
+    @admin.display(description="ended for", ordering="terminal_reason")
+    def reason_shown(self, job: Job) -> str:
+        return job.get_terminal_reason_display()
+
+    @admin.display(description="task", ordering="task")
+    def task_shown(self, job: Job) -> str:
+        return breakable(job.task)
+
+    @admin.display(description="status", ordering="status")
+    def status_shown(self, job: Job) -> str:
+        """The status as a badge (its text, in its colour), then what a list reader asks next:
+        a running job's lease, a failed one's failure class."""
+        if job.lease_expires_at is not None:
+            left = (job.lease_expires_at - timezone.now()).total_seconds()
+            more = (f"lease {duration_text(left)}" if left >= 0
+                    else f"lease expired {duration_text(-left)} ago")
+        else:
+            more = job.get_failure_class_display() if job.failure_class else ""
+        return format_html('{}{}', status_badge(job.status),
+                           format_html(" <small>{}</small>", more) if more else "")
 
     @admin.display(description="payload (redacted)")
     def payload_preview(self, job: Job) -> str:
-        return preview(redactor_for(job.task).payload(job.payload))
+        return one_line(preview(redactor_for(job.task).payload(job.payload)))
 
     @admin.display(description="last error")
     def error_preview(self, job: Job) -> str:
         text = redactor_for(job.task).text(job.last_error, job.payload)
         first = text.split("\n", 1)[0]
-        return first if len(first) <= ERROR_PREVIEW_CHARS else first[:ERROR_PREVIEW_CHARS] + "…"
+        return one_line(
+            first if len(first) <= ERROR_PREVIEW_CHARS else first[:ERROR_PREVIEW_CHARS] + "…")
 
     def get_list_display(self, request: HttpRequest) -> Any:
         # The dead list says why: each job's terminal reason and last error, in place of the
-        # lease column (a dead job holds none).
+        # payload.
         if request.GET.get("status__exact") == JobStatus.DEAD:
-            return ("id", "task", "queue", "status", "attempts_used", "age", "terminal_reason",
-                    "failure_class", "error_preview")
+            return ("id", "task_shown", "queue", "status_shown", "attempts_used", "age",
+                    "reason_shown", "error_preview")
         return super().get_list_display(request)
 
     def get_search_results(
@@ -237,12 +258,17 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
             return queryset, False
         if not searchable(term):
             return queryset.none(), False
-        # Exact matches only, each answered by an index: the primary key, the trace index, and
-        # the idempotency-key index probed once per task.
+        # Each match answered by an index: the primary key, the idempotency-key index probed
+        # once per task, the trace index (text_pattern_ops) for a trace id's first characters.
+        # Task names match by their start among the names the code knows, as the task filter.
         with connections[queryset.db].cursor() as cursor:
             cursor.execute(sql.query("jobs_by_idempotency_key"), [term])
             keyed = [row[0] for row in cursor.fetchall()]
-        condition = Q(trace_id=term) | Q(pk__in=keyed)
+        # (The trace index holds only jobs with a trace id: say so, or the planner cannot use it.)
+        condition = (Q(trace_id__startswith=term) & ~Q(trace_id="")) | Q(pk__in=keyed)
+        tasks = [name for name in TaskFilter.names() if name.startswith(term)]
+        if tasks:
+            condition |= Q(task__in=tasks)
         job_id = exact_id(term)
         if job_id is not None:
             condition |= Q(pk=job_id)
@@ -394,7 +420,8 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request), "opts": self.opts,
-            "title": "Job queue dashboard", **dashboard_context(),
+            "title": "Job queue dashboard",
+            **dashboard_context(range_name=request.GET.get("range", history.DEFAULT_RANGE)),
             "can_pause": request.user.has_perm("pgjobs.pause_queue"),
         }
         return TemplateResponse(request, "admin/pgjobs/job/dashboard.html", context)

@@ -15,7 +15,7 @@ from ..models import Attempt, IdempotencyReceipt, Job, OperatorAction
 from ..registry import redactor_for
 from ..status import AttemptOutcome
 from .base import AttemptColumns, ReadOnlyAdmin, TimeColumns
-from .display import exact_id, pretty, searchable
+from .display import breakable, exact_id, pretty, searchable
 
 
 class EndedOutcomeFilter(admin.ChoicesFieldListFilter):
@@ -34,7 +34,7 @@ class EndedOutcomeFilter(admin.ChoicesFieldListFilter):
 
 @admin.register(Attempt)
 class AttemptAdmin(AttemptColumns, TimeColumns, ReadOnlyAdmin):
-    list_display = ("id", "job_link", "task", "number", "worker_id", "outcome", "failure_class",
+    list_display = ("id", "job_link", "task", "number", "worker_id", "outcome_shown",
                     "duration", "claimed_at_shown")
     list_filter = (("outcome", EndedOutcomeFilter), "failure_class")
     list_select_related = ("job",)
@@ -55,7 +55,14 @@ class AttemptAdmin(AttemptColumns, TimeColumns, ReadOnlyAdmin):
 
     @admin.display(description="task")
     def task(self, attempt: Attempt) -> str:
-        return attempt.job.task
+        return breakable(attempt.job.task)
+
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_shown(self, attempt: Attempt) -> str:
+        if not attempt.failure_class:
+            return attempt.get_outcome_display()
+        return format_html("{} <small>{}</small>", attempt.get_outcome_display(),
+                           attempt.get_failure_class_display())
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Attempt], search_term: str

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -36,9 +37,15 @@ from ..registry import redactor_for, registry
 from ..status import ScheduleSource
 from ..ticks import zone
 from ..validation import nesting_problem
-from .actions import SCHEDULE_ACTIONS, Action, schedule_states
+from .actions import (
+    SCHEDULE_ACTION_STATES,
+    SCHEDULE_ACTIONS,
+    SCHEDULE_BUTTONS,
+    Action,
+    schedule_states,
+)
 from .base import OwnLookupsOnly, RefuseForgedActions
-from .display import exact_id, parse_ids, pretty, searchable, time_column, time_text
+from .display import duration_text, exact_id, parse_ids, pretty, searchable, time_column, time_text
 
 NEXT_TICKS_SHOWN = 5
 ACTION_MAX_SCHEDULES = 1000
@@ -178,11 +185,12 @@ def schedule_action(action: Action) -> Any:
 @admin.register(Schedule)
 class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
     form = ScheduleForm
-    list_display = ("name", "task", "when", "state_shown", "source", "last_tick_shown",
-                    "next_ticks_shown", "last_job", "not_run")
+    # One line a schedule where it can: the next tick here, the next five on its page.
+    list_display = ("name", "task", "when", "state_shown", "last_tick_shown", "next_tick_shown",
+                    "last_job", "not_run")
     list_filter = (StateFilter, "source", "misfire", "overlap")
     search_fields = ("=name", "=task")
-    search_help_text = "Exact schedule name or task."
+    search_help_text = "The first characters of a schedule's name or task, or its id."
     ordering = ("name",)
     list_per_page = 50
     actions = [schedule_action(a) for a in SCHEDULE_ACTIONS.values()]
@@ -225,7 +233,8 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
             return queryset, False
         if not searchable(term):
             return queryset.none(), False
-        condition = Q(name=term) | Q(task=term)
+        # One row per schedule: a prefix match reads a small table.
+        condition = Q(name__startswith=term) | Q(task__startswith=term)
         if exact_id(term) is not None:
             condition |= Q(pk=exact_id(term))
         return queryset.filter(condition), False
@@ -293,15 +302,29 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
         return format_html_join(mark_safe("<br>"), "{}",
                                 ((time_text(t, zone(schedule.timezone)),) for t in ticks))
 
-    @admin.display(description="last job")
-    def last_job(self, schedule: Schedule) -> str:
-        if schedule.last_job_id is None:
+    @admin.display(description="next tick")
+    def next_tick_shown(self, schedule: Schedule) -> str:
+        if schedule.state != "active":
+            return schedule.state
+        now = timezone.now()
+        ticks = schedules.upcoming_ticks(schedule, 1, now)
+        if not ticks:
             return "-"
+        return format_html("{}<br><small>in {}</small>",
+                           time_text(ticks[0], zone(schedule.timezone)),
+                           duration_text((ticks[0] - now).total_seconds()))
+
+    @admin.display(description="jobs")
+    def last_job(self, schedule: Schedule) -> str:
+        every = f"{reverse('admin:pgjobs_job_changelist')}?{urlencode({'schedule': schedule.pk})}"
+        if schedule.last_job_id is None:
+            return format_html('<a href="{}">all</a>', every)
         status = getattr(schedule, "last_job_status", None) or "pruned"
         url = reverse("admin:pgjobs_job_change", args=[schedule.last_job_id])
-        return format_html('<a href="{}">{}</a> {}', url, schedule.last_job_id, status)
+        return format_html('last <a href="{}">#{}</a> {}<br><a href="{}">all</a>', url,
+                           schedule.last_job_id, status, every)
 
-    @admin.display(description="missed / skipped")
+    @admin.display(description="missed, skipped")
     def not_run(self, schedule: Schedule) -> str:
         return f"{schedule.ticks_missed} / {schedule.ticks_skipped}"
 
@@ -319,6 +342,25 @@ class ScheduleAdmin(OwnLookupsOnly, RefuseForgedActions, admin.ModelAdmin):
         if not rows:
             return "-"
         return format_html("<ul>{}</ul>", format_html_join("", "<li>{} {} by {} {}</li>", rows))
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {"schedule_actions": self._schedule_actions(request, object_id),
+                   **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, context)
+
+    def _schedule_actions(self, request: HttpRequest, object_id: str) -> list[tuple[str, str]]:
+        """The actions this user may take on this schedule in its state, as buttons: each
+        opens the same plan and confirmation as from the list."""
+        schedule = Schedule.objects.filter(pk=object_id).only("paused_at", "retired_at").first() \
+            if object_id.isdigit() else None
+        if schedule is None:
+            return []
+        allowed = self.get_actions(request)
+        return [(name, label) for name, label in SCHEDULE_BUTTONS.items()
+                if schedule.state in SCHEDULE_ACTION_STATES[name] and name in allowed]
 
     # --- saving ---
 
