@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 EMBEDDED := $(PY) -m testproject.embedded
 
-.PHONY: venv system-deps test test-quick demo admin lint chaos bench soak profile compare bench-async \
+.PHONY: venv system-deps test test-quick demo admin screenshots lint chaos bench soak profile compare bench-async \
 	bench-lifecycle bench-limits bench-remote clean
 
 $(STAMP): pyproject.toml
@@ -43,15 +43,29 @@ test: $(STAMP) system-deps
 test-quick: $(STAMP)
 	$(EMBEDDED) $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# The demo's backlog policy, schedules and history interval, for its workers and for the admin
+# alike: the dashboard checks the policy and charts the samples (one every 5 s, so the short
+# run draws a line), and the schedules page lists what the workers declared.
+DEMO_ENV := PGJOBS_BACKLOG_MAX_AGE_SECONDS='{"default": 60, "reports": 600}' \
+	PGJOBS_HISTORY_INTERVAL_SECONDS=5 \
+	PGJOBS_SCHEDULES='{"demo.every-minute": {"task": "demo.tick", "cron": "* * * * *", \
+	"payload": {"schedule": "every-minute"}}, "demo.nightly-report": {"task": "demo.tick", \
+	"cron": "0 3 * * *", "timezone": "Europe/London", "payload": {"schedule": "nightly"}}}'
+
 demo: $(STAMP)
 	$(EMBEDDED) $(MANAGE) migrate --verbosity 0
-	$(EMBEDDED) $(MANAGE) run_demo
+	$(DEMO_ENV) $(EMBEDDED) $(MANAGE) run_demo
 
 # The test project's server on loopback only, static files served by runserver (--insecure).
 ADMIN_PORT ?= 8000
 admin: $(STAMP)
 	$(EMBEDDED) $(MANAGE) migrate --verbosity 0
-	$(EMBEDDED) $(MANAGE) runserver --insecure --noreload 127.0.0.1:$(ADMIN_PORT)
+	$(DEMO_ENV) $(EMBEDDED) $(MANAGE) runserver --insecure --noreload 127.0.0.1:$(ADMIN_PORT)
+
+# The operations guide's quick-start pictures, taken again by the browser test that numbers them.
+screenshots: $(STAMP) system-deps
+	$(EMBEDDED) $(PY) -m pytest -q tests/browser/test_console_browser.py -k quick_start
+	for f in artifacts/quick-start/*.png; do cp "$$f" "docs/images/quick-start-$$(basename $$f)"; done
 
 # mypy's Django plugin and makemigrations load the settings, which join the embedded server when
 # DATABASE_URL is unset: run through it, so it stops when they are done.

@@ -105,11 +105,16 @@ if env.str("PGJOBS_PREPARED_STATEMENTS", default=""):
     PGJOBS_PREPARED_STATEMENTS = env.bool("PGJOBS_PREPARED_STATEMENTS")
 
 # The schedule tests run workers that look for due ticks often and miss them after a short grace.
-for _name in ("PGJOBS_SCHEDULE_INTERVAL_SECONDS", "PGJOBS_SCHEDULE_GRACE_SECONDS"):
+# make demo samples the queues' history every few seconds, so its short run draws a chart.
+for _name in ("PGJOBS_SCHEDULE_INTERVAL_SECONDS", "PGJOBS_SCHEDULE_GRACE_SECONDS",
+              "PGJOBS_HISTORY_INTERVAL_SECONDS"):
     if env.str(_name, default=""):
         globals()[_name] = env.float(_name)
 if env.str("PGJOBS_SCHEDULES", default=""):
     PGJOBS_SCHEDULES = env.json("PGJOBS_SCHEDULES")
+# make demo and make admin set a backlog policy, so the dashboard checks one.
+if env.str("PGJOBS_BACKLOG_MAX_AGE_SECONDS", default=""):
+    PGJOBS_BACKLOG_MAX_AGE_SECONDS = env.json("PGJOBS_BACKLOG_MAX_AGE_SECONDS")
 
 LOGGING = {
     "version": 1,

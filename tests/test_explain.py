@@ -20,6 +20,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_pgjobs import sql
+from django_pgjobs.admin.display import EXACT_COUNT_MAX_ROWS
 from django_pgjobs.explain import HOT_QUERIES, explain
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
@@ -267,6 +268,85 @@ def test_the_command_fails_when_the_claim_reads_far_more_rows_than_its_batch(
     assert "does not read" not in output
     assert "rows read: 120, of them 120 from tables over 10000 rows (budget 200" in lenient
     assert lenient.rstrip().endswith("OK")
+
+
+# Every console page, as an operator opens it, with the history and a week of samples.
+CONSOLE_PAGES = [
+    "/admin/pgjobs/job/dashboard/", "/admin/pgjobs/job/dashboard/?range=24h",
+    "/admin/pgjobs/job/dashboard/?range=7d", "/admin/pgjobs/job/",
+    "/admin/pgjobs/job/?status__exact=dead", "/admin/pgjobs/job/?q=demo.",
+    "/admin/pgjobs/job/?q=abc", "/admin/pgjobs/job/?queue=q3&status__exact=ready",
+    "/admin/pgjobs/workerprocess/", "/admin/pgjobs/queuestate/", "/admin/pgjobs/schedule/",
+    "/admin/pgjobs/keylimit/", "/admin/pgjobs/operatoraction/", "/admin/pgjobs/attempt/",
+    "/admin/pgjobs/idempotencyreceipt/",
+]
+WEEK_OF_SAMPLES = """
+INSERT INTO pgjobs_queue_sample (sampled_at, queue, ready, waiting, running,
+                                 oldest_ready_seconds, succeeded, failed, dead)
+SELECT date_bin(interval '60 seconds', now(), timestamptz '2000-01-01')
+       - make_interval(mins => m), 'q' || q, 100, 5, 4, 30, 60, 1, 0
+FROM generate_series(0, 7 * 24 * 60) AS m, generate_series(0, 7) AS q
+"""
+
+
+@pytest.mark.slow
+def test_every_console_page_answers_from_indexes_on_a_million_finished_jobs(
+    history: None,
+) -> None:
+    from django.test import Client
+
+    from django_pgjobs import history as queue_history
+    from django_pgjobs.workers import Heartbeat
+    from tests.conftest import make_user
+
+    Heartbeat("w1", queues=None, concurrency=4, listens=False, running=lambda: 0)()
+    with connection.cursor() as cursor:
+        cursor.execute(WEEK_OF_SAMPLES)
+        cursor.execute("ANALYZE pgjobs_queue_sample")
+    client = Client()
+    client.force_login(make_user("root", superuser=True))
+    with CaptureQueriesContext(connection) as ctx:
+        for url in CONSOLE_PAGES:
+            assert client.get(url).status_code == 200, url
+    plans = {}
+    with connection.cursor() as cursor:
+        for query in ctx.captured_queries:
+            text = query["sql"]
+            if text.lstrip().upper().startswith(("SELECT", "WITH")) and "pgjobs_" in text:
+                cursor.execute("EXPLAIN (FORMAT JSON) " + text)
+                raw = cursor.fetchone()[0]
+                plans[text] = plan_nodes((json.loads(raw) if isinstance(raw, str)
+                                          else raw)[0]["Plan"])
+    # Reading a small table whole is the right plan (a few receipts, the audit log of a few
+    # actions); a table of more than 10,000 rows never is.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relname FROM pg_class WHERE relname LIKE 'pgjobs%%' "
+                       "AND relkind = 'r' AND reltuples > 10000")
+        large = {row[0] for row in cursor.fetchall()}
+    assert {"pgjobs_job", "pgjobs_attempt", "pgjobs_queue_sample"} <= large
+    # A list counts its rows exactly only while the planner expects at most 100,000 of them
+    # (EstimatedCountPaginator): a bounded read, the one whole read allowed.
+    read_whole = [(text[:160], n["Relation Name"]) for text, nodes in plans.items()
+                  for n in nodes if n["Node Type"] == "Seq Scan"
+                  and n.get("Relation Name") in large
+                  and not (text.startswith("SELECT COUNT(*)")
+                           and n["Plan Rows"] <= EXACT_COUNT_MAX_ROWS)]
+    assert len(plans) > 20  # distinct statements
+    assert read_whole == [], "\n".join(map(str, read_whole))
+
+    # The sample: one statement per interval, reading what is live and the interval's end of
+    # the finished index, never the history behind it.
+    with CaptureQueriesContext(connection) as ctx:
+        queue_history.sample_queues()
+    assert len(ctx.captured_queries) == 1
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + ctx.captured_queries[0]["sql"])
+        raw = cursor.fetchone()[0]
+    nodes = plan_nodes((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"])
+    finished = [n for n in nodes if n.get("Index Name") == "pgjobs_job_finished_idx"]
+    assert finished and all(n["Actual Rows"] * n["Actual Loops"] < 1000 for n in finished)
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"
+                and n.get("Relation Name") in large]
 
 
 SCHEDULES = """

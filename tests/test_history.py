@@ -3,6 +3,7 @@ run the step, pruned after its retention, and read back in buckets for the chart
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -103,3 +104,19 @@ def test_every_worker_runs_the_history_step_twice_per_interval() -> None:
     with override_settings(PGJOBS_HISTORY_INTERVAL_SECONDS=120):
         [step] = [s for s in default_steps(1.0) if s.name == "history"]
     assert step.interval_seconds == 60
+
+
+def test_a_chart_breaks_its_line_where_no_worker_sampled_and_dots_a_lone_point() -> None:
+    from datetime import UTC, datetime
+
+    from django_pgjobs.admin.charts import Series, log_chart
+
+    times = [datetime(2026, 1, 1, 0, m, tzinfo=UTC) for m in range(6)]
+    svg = str(log_chart("c", times, [Series("ready", "ready", [1, 2, None, 5, None, None])],
+                        title="t"))
+    [path] = re.findall(r'<path d="([^"]+)"', svg)
+    assert path.count("M") == 1 and path.count("L") == 1  # 1 to 2, then the gap
+    assert svg.count("<circle") == 1  # 5 alone between gaps
+    # On a log scale 0, 1, 10 and 100 sit evenly apart.
+    from django_pgjobs.admin.charts import log_position
+    assert [round(log_position(v, 1000), 2) for v in (0, 9, 99, 999)] == [0, 0.33, 0.67, 1]

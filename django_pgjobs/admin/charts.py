@@ -85,19 +85,22 @@ def log_chart(
     def y(value: float) -> float:
         return TOP + plot_h * (1 - log_position(value, top))
 
-    lines = []
+    lines, dots = [], []
     for s in series:
-        # A gap (None) breaks the line; a lone point between gaps is drawn as a dot.
-        path, pen_down = [], False
+        # A gap (None) breaks the line; a point alone between gaps is drawn as a dot.
+        segments: list[list[tuple[float, float]]] = [[]]
         for i, value in enumerate(s.values):
             if value is None:
-                pen_down = False
-                continue
-            path.append(f"{'L' if pen_down else 'M'}{LEFT + i * step:.1f},{y(value):.1f}")
-            pen_down = True
+                segments.append([])
+            else:
+                segments[-1].append((LEFT + i * step, y(value)))
+        path = " ".join("M" + " L".join(f"{x:.1f},{yy:.1f}" for x, yy in seg)
+                        for seg in segments if len(seg) > 1)
         colour, dash = STYLES[s.key]
+        dots += [(f"{seg[0][0]:.1f}", f"{seg[0][1]:.1f}", colour) for seg in segments
+                 if len(seg) == 1]
         peak_s = max((v for v in s.values if v is not None), default=None)
-        lines.append((" ".join(path) or "M0,0", colour, dash, f"{s.label}: peak "
+        lines.append((path or "M0,0", colour, dash, f"{s.label}: peak "
                       + ("none" if peak_s is None else f"{_compact(round(peak_s, 1))}{unit}")))
     grid = [0.0, *(10.0 ** k for k in range(0, round(math.log10(top)) + 1))]
     y_labels = [(f"{LEFT - 4}", f"{y(v) + 3:.1f}", f"{_compact(v)}{unit}", f"{y(v):.1f}")
@@ -110,7 +113,7 @@ def log_chart(
         'role="img" viewBox="0 0 {w} {h}" aria-label="{aria}">'
         '<title>{title}</title>{grid}'
         '<line x1="{left}" y1="{base}" x2="{right}" y2="{base}" class="pgjobs-axis"/>'
-        "{lines}{y_labels}{x_labels}</svg>"
+        "{lines}{dots}{y_labels}{x_labels}</svg>"
         '<figcaption>{title}, log scale, UTC. {legend}</figcaption></figure>',
         id=chart_id, w=WIDTH, h=HEIGHT, title=title, left=LEFT, right=WIDTH - RIGHT,
         base=TOP + plot_h, aria=f"{title}, log scale, UTC: {summary}",
@@ -119,6 +122,7 @@ def log_chart(
         lines=format_html_join(
             "", '<path d="{}" fill="none" stroke="{}" stroke-width="2" stroke-dasharray="{}" '
             'stroke-linejoin="round"><title>{}</title></path>', lines),
+        dots=format_html_join("", '<circle cx="{}" cy="{}" r="3" fill="{}"/>', dots),
         y_labels=format_html_join(
             "", '<text x="{}" y="{}" text-anchor="end" class="pgjobs-label">{}</text>',
             ((x, yy, text) for x, yy, text, _ in y_labels)),

@@ -71,12 +71,13 @@ def console_data() -> dict[str, int]:
     wide_payload = {"order": 7, "card_number": SECRET, "customer": {"email": "ada@example.com",
                     "name": "Ada", "address": {"street": "1 Long Road", "city": "Leeds"}},
                     "lines": [{"sku": "A-1", "qty": 2}, {"sku": "B-22", "qty": 1}],
-                    "note": "leave at the door " * 6}
+                    "note": "leave at the door " * 6, "reference": "ref-" + "0123456789" * 30}
     for queue in ("default", "mail", "reports", "billing-eu-west-long-queue-name"):
         JobFactory.create_batch(3, queue=queue, payload=wide_payload,
                                 run_at=now - timedelta(minutes=7))
     JobFactory(queue="mail", running=True, payload=wide_payload)
-    waiting = JobFactory(queue="mail", retrying=True, run_at=now + timedelta(minutes=10))
+    waiting = JobFactory(queue="mail", retrying=True, run_at=now + timedelta(minutes=10),
+                         payload=wide_payload)
     for n in range(3):
         dead = JobFactory(task="tests.browser.console_charge", queue="mail", dead=True,
                           payload=wide_payload,
@@ -125,20 +126,34 @@ def page_problems(page: Page, *, whole_tables: bool) -> list[str]:
             if (root.scrollWidth > window.innerWidth + 1) {
                 problems.push(`page is ${root.scrollWidth}px wide in ${window.innerWidth}px`);
             }
-            for (const table of document.querySelectorAll("#content table")) {
-                if (table.offsetParent === null) continue;  // hidden
-                const name = table.id || table.className || "table";
-                let box = table.parentElement;
-                while (box && getComputedStyle(box).overflowX === "visible") {
+            // A table or a block of text is cut when it runs past the box that holds it
+            // and that box cannot scroll to the rest (or past the screen, held by none).
+            for (const el of document.querySelectorAll("#content table, #content pre")) {
+                if (el.offsetParent === null) continue;  // hidden
+                const name = el.id || el.className || el.tagName.toLowerCase();
+                let box = el.parentElement;
+                while (box && box !== document.body
+                       && getComputedStyle(box).overflowX === "visible") {
                     box = box.parentElement;
                 }
-                const scrolls = box && ["auto", "scroll"].includes(getComputedStyle(box).overflowX);
-                const right = table.getBoundingClientRect().right;
-                if (!scrolls && right > window.innerWidth + 1) {
-                    problems.push(`${name} ends at ${Math.round(right)}px, past the screen`);
+                const right = el.getBoundingClientRect().right;
+                const held = box && box !== document.body;
+                const limit = held ? box.getBoundingClientRect().right : window.innerWidth;
+                const scrolls = held
+                    && ["auto", "scroll"].includes(getComputedStyle(box).overflowX);
+                if (el.scrollWidth > el.clientWidth + 1) {  // it holds more than it shows
+                    const own = getComputedStyle(el).overflowX;
+                    if (!["auto", "scroll"].includes(own)) {
+                        problems.push(`${name} cuts its own content at ${el.clientWidth}px`);
+                    } else if (wholeTables) {
+                        problems.push(`${name} is not whole: it scrolls past ${el.clientWidth}px`);
+                    }
                 }
-                if (wholeTables && box && box !== root && box.scrollWidth > box.clientWidth + 1) {
-                    problems.push(`${name} is cut: ${box.scrollWidth}px in ${box.clientWidth}px`);
+                if (right > limit + 1 && !scrolls) {
+                    problems.push(`${name} cut: it ends at ${Math.round(right)}px, its box ` +
+                                  `at ${Math.round(limit)}px`);
+                } else if (right > limit + 1 && wholeTables) {
+                    problems.push(`${name} is not whole: it scrolls past ${Math.round(limit)}px`);
                 }
             }
             for (const el of document.querySelectorAll("#content *")) {
@@ -366,3 +381,56 @@ def test_the_task_filter_narrows_as_the_operator_types(live_server: Any, page: P
     assert 1 < len(visible) < total
     assert visible[0].inner_text() == "All"
     assert all("tests.browser" in v.inner_text() for v in visible[1:])
+
+
+# The operations guide's quick start shows these, numbered as its text explains them.
+QUICK_START = {
+    "dashboard": ("job/dashboard/", ["#pgjobs-health", "#pgjobs-workers", "#pgjobs-queues",
+                                     "#pgjobs-history-ranges", "#pgjobs-error-groups"]),
+    "dead-list": ("job/?status__exact=dead", ["#result_list thead th.column-reason_shown",
+                                              "#result_list thead th.column-error_preview",
+                                              "select[name=action]"]),
+    "job": ("job/{job}/change/", ["#pgjobs-job-actions", "#pgjobs-raw-payload-link"]),
+}
+QUICK_START_SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "quick-start"
+
+
+def annotate(page: Page, selectors: list[str]) -> None:
+    """Number each element as the guide does: a ring around it and its number beside it."""
+    page.evaluate(
+        """(selectors) => selectors.forEach((selector, i) => {
+            const target = document.querySelector(selector);
+            if (!target) throw new Error("nothing to annotate at " + selector);
+            target.style.outline = "3px solid #e06b00";
+            target.style.outlineOffset = "2px";
+            const box = target.getBoundingClientRect();
+            const badge = document.createElement("div");
+            badge.textContent = String(i + 1);
+            badge.className = "pgjobs-annotation";
+            Object.assign(badge.style, {
+                position: "absolute", left: `${Math.max(box.left + window.scrollX - 30, 0)}px`,
+                top: `${box.top + window.scrollY - 4}px`, width: "24px", height: "24px",
+                borderRadius: "12px", background: "#e06b00", color: "#fff",
+                font: "bold 15px/24px sans-serif",
+                textAlign: "center", zIndex: 1000,
+            });
+            document.body.appendChild(badge);
+        })""",
+        selectors,
+    )
+
+
+def test_the_quick_start_screenshots_number_what_the_guide_explains(
+    live_server: Any, page: Page,
+) -> None:
+    user("root", superuser=True)
+    ids = console_data()
+    dead = Job.objects.filter(status=JobStatus.DEAD).values_list("pk", flat=True).first()
+    log_in(page, live_server.url, "root")
+    page.set_viewport_size({"width": 1366, "height": 900})
+    QUICK_START_SHOTS.mkdir(parents=True, exist_ok=True)
+    for name, (path, selectors) in QUICK_START.items():
+        page.goto(f"{live_server.url}/admin/pgjobs/{path.format(**{**ids, 'job': dead})}")
+        annotate(page, selectors)
+        assert page.locator(".pgjobs-annotation").count() == len(selectors)
+        page.screenshot(path=str(QUICK_START_SHOTS / f"{name}.png"))

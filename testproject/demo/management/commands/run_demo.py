@@ -27,6 +27,7 @@ MANAGE = Path(__file__).resolve().parents[3] / "manage.py"
 # staff user with only the view permissions, who sees every payload redacted and no action.
 DEMO_USERS = {"demo": "demo", "viewer": "viewer"}
 ADMIN_URL = "http://127.0.0.1:8000/admin/pgjobs/job/"
+DASHBOARD_URL = "http://127.0.0.1:8000/admin/pgjobs/job/dashboard/"
 # Export jobs of three customers, at most one of a customer's at once (demo.export's Limit).
 EXPORTS = 60
 
@@ -54,6 +55,8 @@ class Command(BaseCommand):
         self._admin_users()
         self.stdout.write("")
         self.stdout.write(f"See it in the admin: run `make admin`, then open {ADMIN_URL}")
+        self.stdout.write(f"  and the dashboard (workers, queues, history, errors): "
+                          f"{DASHBOARD_URL}")
         self.stdout.write("  as demo/demo (superuser: every action) or viewer/viewer (view only: "
                           "payloads redacted, no actions)")
 
