@@ -584,7 +584,11 @@ class IdempotencyReceipt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["scope", "key"], name="pgjobs_receipt_scope_key")
         ]
-        indexes = [models.Index(fields=["expires_at"], name="pgjobs_receipt_expires_idx")]
+        indexes = [
+            models.Index(fields=["expires_at"], name="pgjobs_receipt_expires_idx"),
+            # A job's page lists the receipts its attempts took.
+            models.Index(fields=["job"], name="pgjobs_receipt_job_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.scope}:{self.key}"

@@ -148,7 +148,7 @@ def test_retry_confirmation_says_what_happens_to_how_many_jobs_in_which_states(
         "2 jobs (1 running, 1 succeeded) are not dead or cancelled and will not change."
     ]
     assert "receipts are kept" in plan.notes[0]
-    assert "You selected 5 jobs." in page.content.decode()
+    assert "You selected 5 jobs, of " in page.content.decode()
     # Showing the page changed nothing.
     assert [status(j) for j in jobs[:3]] == [JobStatus.DEAD, JobStatus.DEAD, JobStatus.CANCELLED]
     assert OperatorAction.objects.count() == 0

@@ -285,6 +285,26 @@ def test_a_receipt_links_its_job_and_says_when_the_job_is_pruned(login) -> None:
     assert "999999 (pruned)" in page
 
 
+def test_a_jobs_page_links_the_receipts_its_attempts_took(login) -> None:
+    from django_pgjobs.models import IdempotencyReceipt
+    from tests.factories import JobFactory
+
+    job, other = JobFactory(), JobFactory()
+    took = [IdempotencyReceipt.objects.create(scope="charge", key=f"o-{n}", job_id=job.pk,
+                                              result={}, expires_at=job.created_at)
+            for n in range(2)]
+    IdempotencyReceipt.objects.create(scope="mail", key="m-1", job_id=other.pk, result={},
+                                      expires_at=job.created_at)
+    client = login("view_job")
+    page = client.get(f"/admin/pgjobs/job/{job.pk}/change/").content.decode()
+    for receipt in took:
+        assert (f'<a href="/admin/pgjobs/idempotencyreceipt/{receipt.pk}/change/">'
+                f"charge:{receipt.key}</a>") in page
+    assert "mail:m-1" not in page
+    alone = client.get(f"/admin/pgjobs/job/{other.pk}/change/").content.decode()
+    assert "mail:m-1" in alone and "charge:o-0" not in alone
+
+
 def test_the_audit_list_filters_by_actor_and_by_date(login) -> None:
     from django.utils import timezone
 
@@ -302,3 +322,40 @@ def test_the_audit_list_filters_by_actor_and_by_date(login) -> None:
     assert 'class="toplinks"' in page  # the date drill-down
     rows = page.split('id="result_list"', 1)[1].split("</table>", 1)[0]
     assert "ada" in rows and "bob" in rows
+
+
+def test_the_job_list_filters_jobs_by_when_they_finished(login) -> None:
+    from django.utils import timezone
+
+    from tests.factories import JobFactory
+
+    now = timezone.now()
+    recent = JobFactory(dead=True, finished_at=now - _seconds(600))
+    today = JobFactory(succeeded=True, finished_at=now - _seconds(5 * 3600))
+    JobFactory(succeeded=True, finished_at=now - _seconds(9 * 86400))
+    JobFactory()  # not finished
+    client = login("view_job")
+
+    def listed(value: str) -> set[int]:
+        response = client.get("/admin/pgjobs/job/", {"finished": value})
+        return {j.pk for j in response.context["cl"].result_list}
+
+    assert listed("1h") == {recent.pk}
+    assert listed("24h") == {recent.pk, today.pk}
+    assert listed("7d") == {recent.pk, today.pk}
+    assert listed("1y") == set()  # not a range the filter offers
+
+
+def test_a_plan_names_the_tasks_it_will_act_on_the_most_jobs_first(login, monkeypatch) -> None:
+    from tests.factories import JobFactory
+
+    monkeypatch.setattr("django_pgjobs.admin.actions.PLAN_TASKS_SHOWN", 2)
+    jobs = [*JobFactory.create_batch(3, task="demo.charge", dead=True),
+            JobFactory(task="demo.noop", dead=True), JobFactory(task="demo.work", dead=True),
+            JobFactory(task="demo.flaky", dead=True)]
+    client = login("view_job", "retry_job")
+    plan = client.post("/admin/pgjobs/job/", {
+        "action": "retry_selected", "index": 0,
+        "_selected_action": [j.pk for j in jobs]}).content.decode()
+    named = plan.split('id="pgjobs-plan-tasks">', 1)[1].split("</span>", 1)[0]
+    assert named == "demo.charge (3), demo.flaky (1), and 2 more tasks"

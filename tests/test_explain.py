@@ -276,6 +276,7 @@ CONSOLE_PAGES = [
     "/admin/pgjobs/job/dashboard/?range=7d", "/admin/pgjobs/job/",
     "/admin/pgjobs/job/?status__exact=dead", "/admin/pgjobs/job/?q=demo.",
     "/admin/pgjobs/job/?q=abc", "/admin/pgjobs/job/?queue=q3&status__exact=ready",
+    "/admin/pgjobs/job/?finished=24h", "/admin/pgjobs/job/?status__exact=dead&finished=1h",
     "/admin/pgjobs/workerprocess/", "/admin/pgjobs/queuestate/", "/admin/pgjobs/schedule/",
     "/admin/pgjobs/keylimit/", "/admin/pgjobs/operatoraction/", "/admin/pgjobs/attempt/",
     "/admin/pgjobs/idempotencyreceipt/",

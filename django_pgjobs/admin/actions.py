@@ -90,11 +90,26 @@ class Plan:
     unchanged: list[str]
     notes: list[str] = field(default_factory=list)
     receipts: list[tuple[str, str]] = field(default_factory=list)
+    # The selection's tasks, the most jobs first: what the operator is about to act on.
+    tasks: str = ""
 
 
 def status_counts(ids: Sequence[int]) -> dict[str, int]:
     rows = Job.objects.filter(pk__in=ids).values_list("status").annotate(n=Count("id"))
     return dict(rows)
+
+
+# A plan names at most this many of the selection's tasks.
+PLAN_TASKS_SHOWN = 8
+
+
+def tasks_text(ids: Sequence[int]) -> str:
+    """``demo.charge (3), demo.noop (1)``: the selection's tasks, the most jobs first."""
+    rows = list(Job.objects.filter(pk__in=ids).values_list("task").annotate(n=Count("id"))
+                .order_by("-n", "task"))
+    named = ", ".join(f"{task} ({n})" for task, n in rows[:PLAN_TASKS_SHOWN])
+    rest = len(rows) - PLAN_TASKS_SHOWN
+    return named + (f", and {rest} more task{'s' if rest != 1 else ''}" if rest > 0 else "")
 
 
 def retry_plan(ids: Sequence[int], counts: dict[str, int]) -> Plan:

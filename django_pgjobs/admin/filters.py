@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
 from django.db import connection
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 from .. import sql
 from ..conf import settings
 from ..registry import registry
+from ..status import TERMINAL_STATUSES
 from .display import searchable
 
 
@@ -85,3 +88,28 @@ class ScheduleFilter(admin.SimpleListFilter):
         if not str(value).isdigit() or len(str(value)) > 18:
             return queryset.none()
         return queryset.filter(schedule_id=int(str(value)))
+
+
+# The finished filter's time ranges: (query value, label, seconds back).
+FINISHED_RANGES = (("1h", "in the last hour", 3600), ("24h", "in the last 24 hours", 86400),
+                   ("7d", "in the last 7 days", 7 * 86400))
+
+
+class FinishedFilter(admin.SimpleListFilter):
+    """Jobs that ended within a time range, read from the finished index (status, finished_at):
+    the filter names the finished states, or the planner could not use it."""
+
+    title = "finished"
+    parameter_name = "finished"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, label) for value, label, _ in FINISHED_RANGES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        seconds = {value: back for value, _, back in FINISHED_RANGES}.get(str(self.value()))
+        if self.value() is None:
+            return queryset
+        if seconds is None:
+            return queryset.none()
+        return queryset.filter(status__in=TERMINAL_STATUSES,
+                               finished_at__gte=timezone.now() - timedelta(seconds=seconds))

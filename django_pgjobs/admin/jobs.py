@@ -6,6 +6,7 @@ transition (``actions.ACTIONS``). Payloads, results, errors and tracebacks are s
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from django.contrib import admin, messages
@@ -27,7 +28,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from .. import history, sql, transitions
-from ..models import Attempt, Job, OperatorAction, OperatorActionKind
+from ..models import Attempt, IdempotencyReceipt, Job, OperatorAction, OperatorActionKind
 from ..registry import redactor_for
 from ..status import JobStatus, TerminalReason
 from .actions import (
@@ -37,6 +38,7 @@ from .actions import (
     ACTIONS,
     Action,
     status_counts,
+    tasks_text,
 )
 from .base import AttemptColumns, NoWrites, ReadOnlyAdmin, TimeColumns
 from .dashboard import dashboard_context
@@ -52,7 +54,7 @@ from .display import (
     status_badge,
     time_text,
 )
-from .filters import QueueFilter, ScheduleFilter, TaskFilter
+from .filters import FinishedFilter, QueueFilter, ScheduleFilter, TaskFilter
 
 
 def _actor(request: HttpRequest) -> transitions.Actor:
@@ -131,6 +133,8 @@ def _replay_link(job_id: int, action: OperatorAction) -> str:
 
 # The dead list's last-error column: its first line, cut here.
 ERROR_PREVIEW_CHARS = 120
+# A job page lists at most this many of its receipts.
+RECEIPTS_SHOWN = 20
 
 
 @admin.register(Job)
@@ -139,7 +143,8 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     # the lease or the failure class with the status; the payload is one line.
     list_display = ("id", "task_shown", "queue", "status_shown", "attempts_used", "age",
                     "payload_preview")
-    list_filter = ("status", QueueFilter, TaskFilter, "failure_class", ScheduleFilter)
+    list_filter = ("status", FinishedFilter, QueueFilter, TaskFilter, "failure_class",
+                   ScheduleFilter)
     search_fields = ("=id", "=idempotency_key", "=trace_id")
     search_help_text = ("A job id or idempotency key, whole; the first characters of a trace id "
                         "or of task names (\"billing.\" finds every billing task).")
@@ -148,7 +153,8 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     inlines = [AttemptInline]
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
     readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",
-                       "schedule_link", "cancel_shown", "rate_shown", *TIME_FIELDS)
+                       "schedule_link", "cancel_shown", "rate_shown", "receipts_shown",
+                       *TIME_FIELDS)
     fieldsets = (
         (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "cancel_shown",
                            "failure_class", "priority", "base_priority")}),
@@ -163,7 +169,7 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
                               "lease_expires_at_shown", "heartbeat_at_shown",
                               "cancel_requested_at_shown")}),
         ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
-                                 "scheduled_at_shown")}),
+                                 "scheduled_at_shown", "receipts_shown")}),
         # A handler's Limit: the job's key, the limit it was enqueued under, the slot it holds
         # while ready or running (or held last); under a Rate, the rate and the job's weight.
         # docs/limits.md.
@@ -171,6 +177,20 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
                               "rate_weight")}),
         ("Operator actions", {"fields": ("operator_history",)}),
     )
+
+    @admin.display(description="receipts")
+    def receipts_shown(self, job: Job) -> str:
+        """The receipts this job's attempts took (the side effects they guard), linked."""
+        receipts = list(IdempotencyReceipt.objects.filter(job_id=job.pk)
+                        .order_by("id").values_list("id", "scope", "key")[:RECEIPTS_SHOWN + 1])
+        if not receipts:
+            return "-"
+        more = len(receipts) > RECEIPTS_SHOWN
+        items = format_html_join(", ", '<a href="{}">{}:{}</a>', (
+            (reverse("admin:pgjobs_idempotencyreceipt_change", args=[pk]), scope, key)
+            for pk, scope, key in receipts[:RECEIPTS_SHOWN]))
+        return format_html("{}{}", items, f" and more (the first {RECEIPTS_SHOWN} shown)"
+                           if more else "")
 
     @admin.display(description="rate")
     def rate_shown(self, job: Job) -> str:
@@ -480,7 +500,7 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
             self.message_user(request, format_html("{} {}", text, _job_links(ids)),
                               messages.SUCCESS)
             return None
-        plan = action.plan(ids, status_counts(ids))
+        plan = replace(action.plan(ids, status_counts(ids)), tasks=tasks_text(ids))
         context = {
             **self.admin_site.each_context(request), "opts": self.opts, "title": plan.title,
             "plan": plan, "form": form, "action": action.name, "ids": ",".join(map(str, ids)),

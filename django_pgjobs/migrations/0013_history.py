@@ -44,6 +44,10 @@ class Migration(migrations.Migration):
             model_name='job',
             name='pgjobs_job_trace_idx',
         ),
+        AddIndexConcurrently(
+            model_name='idempotencyreceipt',
+            index=models.Index(fields=['job'], name='pgjobs_receipt_job_idx'),
+        ),
         migrations.AddConstraint(
             model_name='queuesample',
             constraint=models.UniqueConstraint(fields=('sampled_at', 'queue'), name='pgjobs_queue_sample_once'),

@@ -155,7 +155,7 @@ def test_the_dashboard_renders(
     expect(mail.locator("td").nth(0)).to_have_text("3")  # ready
     expect(mail.locator("td").nth(1)).to_have_text("0")  # throttled
     expect(mail.locator("td").nth(3)).to_have_text("1")  # running
-    expect(page.locator("svg#pgjobs-throughput")).to_be_visible()
+    expect(page.locator("svg#pgjobs-history-all")).to_be_visible()
     expect(page.locator("#pgjobs-failures")).to_be_visible()
     screenshot("dashboard")
 

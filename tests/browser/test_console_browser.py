@@ -331,6 +331,47 @@ def test_a_schedule_is_paused_and_run_from_its_own_page(
         "schedule_pause", "schedule_run_now"]
 
 
+@pytest.mark.parametrize(("state", "button", "plan", "done", "after"), [
+    ("ready", "cancel_selected", "will be cancelled", "Cancelled 1", JobStatus.CANCELLED),
+    ("ready", "dead_letter_selected", "will move to dead now", "Moved 1 job to dead",
+     JobStatus.DEAD),
+    ("dead", "retry_selected", "will go back to ready", "Retried 1", JobStatus.READY),
+    ("dead", "replay_selected", "new job", "Replayed 1", JobStatus.DEAD),
+])
+def test_each_action_on_a_jobs_page_shows_its_plan_then_acts(
+    live_server: Any, page: Page, state: str, button: str, plan: str, done: str, after: str,
+) -> None:
+    user("root", superuser=True)
+    target = JobFactory(dead=True) if state == "dead" else JobFactory()
+    log_in(page, live_server.url, "root")
+    page.goto(f"{live_server.url}/admin/pgjobs/job/{target.pk}/change/")
+    page.click(f"#pgjobs-job-{button}")
+    expect(page.locator("#pgjobs-changes")).to_contain_text(plan)
+    page.fill("textarea[name=reason]", "on-call")
+    if button == "replay_selected":  # the replay asks what becomes of the idempotency key
+        page.check("input[name=key_choice][value=none]")
+    page.click("#pgjobs-confirm")
+    expect(page.locator("ul.messagelist")).to_contain_text(done)
+    assert Job.objects.get(pk=target.pk).status == after
+    assert OperatorAction.objects.get().reason == "on-call"
+    assert Job.objects.count() == (2 if button == "replay_selected" else 1)
+
+
+def test_a_queue_is_paused_and_resumed_from_the_queue_page(live_server: Any, page: Page) -> None:
+    user("root", superuser=True)
+    JobFactory(queue="mail")
+    log_in(page, live_server.url, "root")
+    page.goto(f"{live_server.url}/admin/pgjobs/queuestate/")
+    for action, state in (("pause", "paused"), ("resume", "active")):
+        page.locator(f"#pgjobs-queue-mail button[value={action}]").click()
+        page.fill("textarea[name=reason]", "maintenance")
+        page.click("#pgjobs-queue-confirm-button")
+        expect(page.locator("ul.messagelist")).to_contain_text(f"Queue mail: {state}.")
+        expect(page.locator("#pgjobs-queue-mail .pgjobs-status")).to_have_text(state)
+    assert list(OperatorAction.objects.order_by("id").values_list("action", flat=True)) == [
+        "pause_queue", "resume_queue"]
+
+
 def test_a_view_only_user_sees_no_action_on_the_schedule_and_queue_pages(
     live_server: Any, page: Page,
 ) -> None:
