@@ -10,7 +10,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import conf
+from . import conf, stats
 from .conf import settings
 from .exceptions import InvalidJobOption
 from .registry import registry
@@ -68,6 +68,15 @@ def check_database(databases: Sequence[str] | None = None, **kwargs: Any) -> lis
                 hint="turn autovacuum on, or run VACUUM on pgjobs_job and pgjobs_attempt often",
                 id="pgjobs.W002",
             ))
+        messages += [Warning(
+            f"database {alias!r}: {h.described()} holds the vacuum horizon back: vacuum removes "
+            "none of the rows that died since, so finished jobs' rows pile up in pgjobs_job "
+            "and its indexes, and claims slow, until it ends",
+            hint="end it (an idle transaction: pg_terminate_backend; a slot: drop it or bring "
+                 "its consumer back; a prepared transaction: COMMIT or ROLLBACK PREPARED); "
+                 "PGJOBS_HORIZON_WARN_SECONDS and PGJOBS_HORIZON_WARN_XIDS set when to warn",
+            id="pgjobs.W004",
+        ) for h in stats.horizon(using=alias) if h.holds]
     return messages
 
 

@@ -76,6 +76,10 @@ DEFAULT_AGING_CAP = 100
 DEFAULT_AGING_BATCH = 1000
 DEFAULT_BACKLOG_MAX_AGE_SECONDS: dict[str, float] = {}
 DEFAULT_BACKLOG_CHECK_INTERVAL_SECONDS = 30.0
+# A transaction or snapshot open this long, or this many transactions behind, holds vacuum's
+# horizon back: the dashboard, pgjobs_stats and a system check name it (docs/operations.md).
+DEFAULT_HORIZON_WARN_SECONDS = 300.0
+DEFAULT_HORIZON_WARN_XIDS = 500_000
 # Matched as whole words of snake, kebab or camel case (see redaction.py): "pass" hides "db_pass"
 # and "userPass", never "passenger".
 DEFAULT_REDACT_KEYS = (

@@ -111,6 +111,7 @@ class StatsCollector(Collector):
             leases = stats.lease_health(using=self.using)
             limits = stats.key_limits(using=self.using)
             workers = stats.workers(using=self.using)
+            horizon = stats.horizon(using=self.using)
         finally:
             if self.close_connection:
                 connections[self.using].close()
@@ -192,6 +193,19 @@ class StatsCollector(Collector):
         for state in ("live", "stopped", "gone"):
             states.add_metric([state], sum(1 for w in workers if w.state == state))
         yield states
+        sessions = [h.seconds for h in horizon if h.seconds is not None]
+        yield GaugeMetricFamily(
+            "pgjobs_horizon_held_seconds",
+            "How long the oldest open transaction or snapshot of this database (or prepared "
+            "transaction) has been holding vacuum's horizon back (0: none).",
+            value=max(sessions, default=0.0),
+        )
+        yield GaugeMetricFamily(
+            "pgjobs_horizon_held_xids",
+            "Transactions begun since the snapshot, slot or prepared transaction that holds "
+            "vacuum's horizon back the furthest (0: none).",
+            value=max((h.xids for h in horizon), default=0),
+        )
         yield GaugeMetricFamily(
             "pgjobs_leases_expired",
             "Running jobs whose lease has expired; the rescue step will take them back.",

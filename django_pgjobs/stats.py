@@ -27,6 +27,7 @@ THROUGHPUT_MINUTES = 60
 LIMIT_KEYS_SHOWN = 20  # limit keys, the most waiting first
 WORKERS_SHOWN = 100  # worker rows, live first
 ERROR_GROUPS_SHOWN = 20  # grouped errors, the most frequent first
+HORIZON_SHOWN = 10  # what holds the vacuum horizon back, the furthest first
 
 LIVE_STATUSES = (JobStatus.READY, JobStatus.THROTTLED, JobStatus.SCHEDULED, JobStatus.RUNNING,
                  JobStatus.RETRYING)
@@ -203,6 +204,41 @@ class WorkerStats:
 
 
 @dataclass(frozen=True)
+class HorizonHolder:
+    """Something that keeps vacuum from removing the rows that died after it: a session's open
+    snapshot or transaction, a replication slot, a prepared transaction (docs/operations.md)."""
+
+    kind: str  # session, replication slot, prepared transaction
+    holder: str  # the session's pid, the slot's name, the prepared transaction's gid
+    application_name: str
+    role: str
+    state: str  # a session's state (idle in transaction, active), a slot's (in)activity
+    seconds: float | None  # how long its transaction has been open; None for a slot
+    xids: int  # transactions begun since its snapshot: how far it holds the horizon back
+
+    def described(self) -> str:
+        """Who it is, as the dashboard, pgjobs_stats and the system check say it."""
+        age = f"open {self.seconds:.0f}s, " if self.seconds is not None else ""
+        if self.kind == "session":
+            who = ", ".join(filter(None, [f"pid {self.holder}",
+                                          self.application_name and f"'{self.application_name}'",
+                                          self.role and f"role {self.role}", self.state]))
+            return f"A session ({who}) {age}{self.xids:,} transactions behind"
+        if self.kind == "replication slot":
+            return (f"Replication slot {self.holder} ({self.state}), {self.xids:,} "
+                    "transactions behind")
+        return f"Prepared transaction {self.holder} (role {self.role}) {age}{self.xids:,} " \
+            "transactions behind"
+
+    @property
+    def holds(self) -> bool:
+        """Whether it holds the horizon back past the warning thresholds."""
+        if self.seconds is not None and self.seconds >= float(settings.HORIZON_WARN_SECONDS):
+            return True
+        return self.xids >= int(settings.HORIZON_WARN_XIDS)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything at once, as the dashboard and ``pgjobs_stats`` show it."""
 
@@ -217,7 +253,12 @@ class Snapshot:
     limits: list[KeyLimitStats] = field(default_factory=list)
     workers: list[WorkerStats] = field(default_factory=list)
     errors: list[ErrorGroup] = field(default_factory=list)
+    horizon: list[HorizonHolder] = field(default_factory=list)
     windows: dict[str, float] = field(default_factory=dict)
+
+    def held(self) -> list[HorizonHolder]:
+        """What holds the vacuum horizon back past the warning thresholds, the furthest first."""
+        return [h for h in self.horizon if h.holds]
 
     @property
     def healthy(self) -> bool:
@@ -249,6 +290,8 @@ class Snapshot:
             worker["started_at"] = worker["started_at"].isoformat()
             worker["last_seen_at"] = worker["last_seen_at"].isoformat()
         data["unserved_queues"] = [q.queue for q in self.unserved()]
+        for holder, shown in zip(data["horizon"], self.horizon, strict=True):
+            holder["holds"] = shown.holds
         for group in data["errors"]:
             group["first_seen"] = group["first_seen"].isoformat()
             group["last_seen"] = group["last_seen"].isoformat()
@@ -416,6 +459,16 @@ def workers(*, limit: int = WORKERS_SHOWN, using: str = DEFAULT_DB_ALIAS) -> lis
     ) for r in rows]
 
 
+def horizon(*, limit: int = HORIZON_SHOWN, using: str = DEFAULT_DB_ALIAS
+            ) -> list[HorizonHolder]:
+    """What holds this database's vacuum horizon back, the furthest first."""
+    return [HorizonHolder(
+        kind=r["kind"], holder=r["holder"], application_name=r["application_name"] or "",
+        role=r["role"] or "", state=r["state"] or "", seconds=_float(r["seconds"]),
+        xids=int(r["xids"] or 0),
+    ) for r in _fetch_named("stats_horizon", {"limit": limit}, using)]
+
+
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -434,6 +487,7 @@ def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
         limits=key_limits(using=using),
         workers=workers(using=using),
         errors=error_groups(using=using),
+        horizon=horizon(using=using),
         windows={
             "recent_seconds": RECENT_SECONDS,
             "latency_window_seconds": LATENCY_WINDOW_SECONDS,
@@ -465,6 +519,7 @@ def _fetch_named(name: str, params: dict[str, Any], using: str) -> list[dict[str
 __all__ = [
     "AttemptBucket",
     "FailureCount",
+    "HorizonHolder",
     "LateSchedule",
     "Latency",
     "LeaseHealth",

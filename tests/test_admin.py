@@ -1019,8 +1019,8 @@ def test_a_quiet_dashboard_says_what_it_checked_and_that_no_backlog_policy_is_se
     JobFactory(queue="mail")
     Heartbeat("w1", queues=None, concurrency=1, listens=False, running=lambda: 0)()
     health = dashboard_health(login("view_job"))
-    assert ("1 live worker serving every queue with ready jobs; no expired leases, no late "
-            "schedules, no paused queue; no backlog policy is set "
+    assert ("1 live worker serving every queue with ready jobs; no expired leases, nothing "
+            "holding vacuum back, no late schedules, no paused queue; no backlog policy is set "
             "(PGJOBS_BACKLOG_MAX_AGE_SECONDS), so backlog age is not checked.") in health
     assert "within" not in health
     with override_settings(PGJOBS_BACKLOG_MAX_AGE_SECONDS={"mail": 60}):

@@ -85,9 +85,15 @@ def _unserved(snap: stats.Snapshot) -> list[str]:
             f"{said}." for q in snap.unserved()]
 
 
+def _horizon(snap: stats.Snapshot) -> list[str]:
+    return [f"{h.described()} keeps vacuum from removing the rows of finished jobs: they pile "
+            "up in the job table and its indexes, and claims slow, until it ends."
+            for h in snap.held()]
+
+
 # Each check of the health line, in the order the line says them: first, whether anything runs
 # the work at all.
-HEALTH_CHECKS = (_unserved, _over_policy, _expired_leases, _late_schedules, _paused)
+HEALTH_CHECKS = (_unserved, _over_policy, _expired_leases, _horizon, _late_schedules, _paused)
 
 
 def health(snap: stats.Snapshot) -> tuple[list[str], str]:
@@ -99,7 +105,8 @@ def health(snap: stats.Snapshot) -> tuple[list[str], str]:
                "is not checked")
     live = sum(1 for w in snap.workers if w.state == "live")
     checked = (f"{live} live worker{'s' if live != 1 else ''} serving every queue with ready "
-               f"jobs; no expired leases, no late schedules, no paused queue; {backlog}."
+               f"jobs; no expired leases, nothing holding vacuum back, no late schedules, no "
+               f"paused queue; {backlog}."
                if not problems else "")
     return problems, checked
 
@@ -170,6 +177,12 @@ def dashboard_context(*, range_name: str = history.DEFAULT_RANGE,
         "recent_hours": round(snap.windows.get("recent_seconds", 0) / 3600),
         "latency_minutes": round(snap.windows.get("latency_window_seconds", 0) / 60),
         "queues_url": reverse("admin:pgjobs_queuestate_changelist"),
+        "horizon_rows": [
+            (h.kind, h.holder, h.application_name or "-", h.role or "-", h.state or "-",
+             "-" if h.seconds is None else duration_text(h.seconds), f"{h.xids:,}", h.holds)
+            for h in snap.horizon],
+        "horizon_warn": duration_text(float(settings.HORIZON_WARN_SECONDS)),
+        "horizon_warn_xids": f"{int(settings.HORIZON_WARN_XIDS):,}",
         "workers_url": reverse("admin:pgjobs_workerprocess_changelist"),
         "worker_rows": [
             (w.worker_id, w.host, w.pid, w.state, ", ".join(w.queues) if w.queues else "every",

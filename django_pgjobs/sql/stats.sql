@@ -289,3 +289,35 @@ SELECT w.worker_id, w.host, w.pid, w.version, w.queues, w.concurrency, w.started
 FROM pgjobs_worker AS w
 ORDER BY w.stopped_at IS NOT NULL, w.last_seen_at DESC
 LIMIT %(limit)s
+
+-- name: stats_horizon
+-- What holds back the horizon of this database: the oldest transaction id vacuum must keep
+-- rows for. A session with an open snapshot or transaction here (a long query, an idle
+-- transaction, a REPEATABLE READ report), a standby's feedback through its WAL sender, a
+-- replication slot, a prepared transaction: while one holds it, vacuum removes no row that died
+-- after it, and every finished job's row stays in the table and its indexes. The oldest first.
+-- Reading other roles' sessions needs pg_read_all_stats (pg_monitor has it); without it they
+-- show no xmin and are not listed. No query text: it may hold what redaction hides.
+SELECT * FROM (
+    SELECT 'session' AS kind, pid::text AS holder, application_name, usename AS role,
+           COALESCE(state, '') AS state,
+           extract(epoch FROM now() - COALESCE(xact_start, backend_start))::float8 AS seconds,
+           age(COALESCE(backend_xmin, backend_xid))::bigint AS xids
+    FROM pg_stat_activity
+    WHERE pid <> pg_backend_pid()
+      AND COALESCE(backend_xmin, backend_xid) IS NOT NULL
+      AND (datname = current_database() OR backend_type = 'walsender')
+    UNION ALL
+    SELECT 'replication slot', slot_name::text, '', '', CASE WHEN active THEN 'active'
+           ELSE 'inactive' END, NULL,
+           GREATEST(age(xmin), age(catalog_xmin))::bigint
+    FROM pg_replication_slots
+    WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+    UNION ALL
+    SELECT 'prepared transaction', gid, '', owner::text, 'prepared',
+           extract(epoch FROM now() - prepared)::float8, age(transaction)::bigint
+    FROM pg_prepared_xacts
+    WHERE database = current_database()
+) AS holders
+ORDER BY xids DESC
+LIMIT %(limit)s

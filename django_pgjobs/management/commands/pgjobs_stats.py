@@ -108,6 +108,14 @@ class Command(BaseCommand):
         if unserved:
             out += [f"  UNSERVED: {', '.join(q.queue for q in unserved)} (ready jobs, no live "
                     "worker serving them)"]
+        out += ["", "Vacuum horizon (what keeps vacuum from removing finished jobs' rows, "
+                    "the furthest first)"]
+        out += _table(["holder", "kind", "application", "role", "state", "open s", "xids behind",
+                       "holds"],
+                      [[h.holder, h.kind, h.application_name, h.role, h.state,
+                        None if h.seconds is None else round(h.seconds, 1), h.xids,
+                        "HOLDS" if h.holds else "-"] for h in snap.horizon]) \
+            if snap.horizon else ["  (nothing holds it: vacuum can clean up to now)"]
         out += ["", f"Limits (keys in use, most waiting first, at most {stats.LIMIT_KEYS_SHOWN})"]
         out += _table(["key", "running", "ready", "limit", "waiting", "oldest waiting s",
                        "next start in s", "held back s"],
