@@ -68,6 +68,8 @@ def check_database(databases: Sequence[str] | None = None, **kwargs: Any) -> lis
                 hint="turn autovacuum on, or run VACUUM on pgjobs_job and pgjobs_attempt often",
                 id="pgjobs.W002",
             ))
+        if alias == settings.STATS_DATABASE:
+            messages += replica_messages(alias)
         messages += [Warning(
             f"database {alias!r}: {h.described()} holds the vacuum horizon back: vacuum removes "
             "none of the rows that died since, so finished jobs' rows pile up in pgjobs_job "
@@ -90,6 +92,54 @@ def vendor_messages(alias: str, connection: BaseDatabaseWrapper) -> list[CheckMe
         hint="set its ENGINE to 'django.db.backends.postgresql'",
         id="pgjobs.E001",
     )]
+
+
+def replica_messages(alias: str) -> list[CheckMessage]:
+    """The stats alias on a standby with hot_standby_feedback on: its long queries hold the
+    primary's horizon back (the figures are read there for long scans' sake)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_is_in_recovery(), current_setting('hot_standby_feedback')")
+        row = cursor.fetchone()
+    if row is None or not row[0] or row[1] != "on":
+        return []
+    return [Warning(
+        f"PGJOBS_STATS_DATABASE {alias!r} is a standby with hot_standby_feedback on: a long "
+        "query there holds the primary's vacuum horizon back as if it ran on the primary, and "
+        "finished jobs' rows pile up in its job table",
+        hint="turn hot_standby_feedback off on that standby (its long queries may then be "
+             "cancelled by replication conflicts), or keep its queries short",
+        id="pgjobs.W006",
+    )]
+
+
+@register()
+def check_hosts(**kwargs: Any) -> list[CheckMessage]:
+    """A database with several hosts (a primary and its standbys) must ask for the primary, and
+    the stats alias must exist (checked without connecting)."""
+    messages = host_messages(django_settings.DATABASES)
+    alias = settings.STATS_DATABASE
+    if isinstance(alias, str) and alias and alias not in django_settings.DATABASES:
+        messages.append(Error(f"PGJOBS_STATS_DATABASE names {alias!r}, which is not in "
+                              "DATABASES", id="pgjobs.E013"))
+    return messages
+
+
+def host_messages(databases: dict[str, dict[str, Any]]) -> list[CheckMessage]:
+    """A warning for each database that lists several hosts without target_session_attrs."""
+    messages: list[CheckMessage] = []
+    for alias, config in databases.items():
+        host = str(config.get("HOST") or "")
+        if "postgresql" in str(config.get("ENGINE", "")) and "," in host \
+                and not (config.get("OPTIONS") or {}).get("target_session_attrs"):
+            messages.append(Warning(
+                f"database {alias!r} lists several hosts ({host}) without "
+                "target_session_attrs: a connection takes the first that answers, so after a "
+                "failover a worker may reach the old primary or a standby and have every write "
+                "refused as read-only",
+                hint='add "OPTIONS": {"target_session_attrs": "read-write"} (or "primary")',
+                id="pgjobs.W005",
+            ))
+    return messages
 
 
 @register()

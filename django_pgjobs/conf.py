@@ -79,6 +79,10 @@ DEFAULT_BACKLOG_CHECK_INTERVAL_SECONDS = 30.0
 # A transaction or snapshot open this long, or this many transactions behind, holds vacuum's
 # horizon back: the dashboard, pgjobs_stats and a system check name it (docs/operations.md).
 DEFAULT_HORIZON_WARN_SECONDS = 300.0
+# The database alias the dashboard, pgjobs_stats and the metrics read their figures from (a
+# replica); None: the default. Workers' liveness and the horizon are read on the primary, and
+# every action writes there.
+DEFAULT_STATS_DATABASE: str | None = None
 DEFAULT_HORIZON_WARN_XIDS = 500_000
 # Matched as whole words of snake, kebab or camel case (see redaction.py): "pass" hides "db_pass"
 # and "userPass", never "passenger".

@@ -95,7 +95,9 @@ def named_queues(queues: list[QueueStats], limit: int) -> list[tuple[QueueStats,
 class StatsCollector(Collector):
     """Gauges computed from ``stats`` on every scrape (a handful of indexed queries)."""
 
-    def __init__(self, *, using: str = DEFAULT_DB_ALIAS, close_connection: bool = False) -> None:
+    def __init__(self, *, using: str | None = None, close_connection: bool = False) -> None:
+        # Without ``using``: the figures from PGJOBS_STATS_DATABASE, the workers and the
+        # vacuum horizon from the primary (the default alias), as stats.snapshot reads them.
         self.using = using
         # Scrapes served outside a request (the worker's HTTP server, a thread per scrape)
         # must not leave a connection behind in a thread that is about to end.
@@ -106,15 +108,17 @@ class StatsCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
+        read, primary = self.using or stats.read_alias(), self.using or DEFAULT_DB_ALIAS
         try:
-            queues = stats.queue_stats(using=self.using)
-            leases = stats.lease_health(using=self.using)
-            limits = stats.key_limits(using=self.using)
-            workers = stats.workers(using=self.using)
-            horizon = stats.horizon(using=self.using)
+            queues = stats.queue_stats(using=read)
+            leases = stats.lease_health(using=read)
+            limits = stats.key_limits(using=read)
+            workers = stats.workers(using=primary)
+            horizon = stats.horizon(using=primary)
         finally:
             if self.close_connection:
-                connections[self.using].close()
+                for alias in {read, primary}:
+                    connections[alias].close()
         jobs = GaugeMetricFamily(
             "pgjobs_jobs", "Jobs waiting or running, by queue and status.",
             labels=["queue", "status"],

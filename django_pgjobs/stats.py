@@ -473,8 +473,19 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
-    """Every figure above with its default window."""
+def read_alias() -> str:
+    """Where the figures are read: ``PGJOBS_STATS_DATABASE`` (a replica), else the default."""
+    return str(settings.STATS_DATABASE or DEFAULT_DB_ALIAS)
+
+
+def snapshot(*, using: str | None = None) -> Snapshot:
+    """Every figure above with its default window.
+
+    Read from ``using``; without it, from ``read_alias()``, except what only the primary knows:
+    which workers are live (a listening worker's session is on the primary) and what holds the
+    primary's vacuum horizon back."""
+    primary = using or DEFAULT_DB_ALIAS
+    using = using or read_alias()
     return Snapshot(
         queues=queue_stats(using=using),
         attempts=attempt_distribution(using=using),
@@ -485,9 +496,9 @@ def snapshot(*, using: str = DEFAULT_DB_ALIAS) -> Snapshot:
         throughput=throughput(using=using),
         schedules=schedule_health(using=using),
         limits=key_limits(using=using),
-        workers=workers(using=using),
+        workers=workers(using=primary),
         errors=error_groups(using=using),
-        horizon=horizon(using=using),
+        horizon=horizon(using=primary),
         windows={
             "recent_seconds": RECENT_SECONDS,
             "latency_window_seconds": LATENCY_WINDOW_SECONDS,

@@ -297,6 +297,12 @@ def _seconds(low: float, high: float, *, low_inclusive: bool = False) -> Rule:
     return lambda value: number_problem(value, low, high, low_inclusive=low_inclusive)
 
 
+def _alias_name(value: object) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return None
+    return f"must be None or a database alias, got {shown(value)}"
+
+
 def _queues(value: object) -> str | None:
     if value is None:
         return None
@@ -401,6 +407,7 @@ SETTING_RULES: dict[str, Rule] = {
     "ADMIN_REFRESH_SECONDS": _seconds(1, 3600, low_inclusive=True),
     "HORIZON_WARN_SECONDS": _seconds(1, 30 * DAY_SECONDS, low_inclusive=True),
     "HORIZON_WARN_XIDS": _whole(1000, 2_000_000_000),
+    "STATS_DATABASE": _alias_name,
     "HISTORY_RETENTION_SECONDS": _seconds(3600, 366 * DAY_SECONDS, low_inclusive=True),
     "PRUNE_BATCH": _whole(1, 100_000),
     "NOTIFY": bool_problem,

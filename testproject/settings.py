@@ -116,6 +116,13 @@ if env.str("PGJOBS_SCHEDULES", default=""):
 if env.str("PGJOBS_BACKLOG_MAX_AGE_SECONDS", default=""):
     PGJOBS_BACKLOG_MAX_AGE_SECONDS = env.json("PGJOBS_BACKLOG_MAX_AGE_SECONDS")
 
+# The test suite asks a worker that does not exit in time where each of its threads is.
+if env.bool("PGJOBS_DUMP_STACKS_ON_SIGUSR2", default=False):
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

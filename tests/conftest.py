@@ -38,6 +38,9 @@ def worker_env(**extra: str) -> dict[str, str]:
     env["PGJOBS_DATABASE_NAME"] = connection.settings_dict["NAME"]
     env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
     env.setdefault("PGJOBS_LOG_LEVEL", "INFO")
+    # A worker that does not exit in time is asked for every thread's stack (SIGUSR2, see
+    # WorkerProcess.wait): the test's failure then says where it hangs.
+    env["PGJOBS_DUMP_STACKS_ON_SIGUSR2"] = "1"
     env.update(extra)
     return env
 
@@ -63,6 +66,15 @@ class WorkerProcess:
     def wait(self, timeout: float) -> int:
         try:
             return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Every thread's stack into the log (faulthandler, registered by the test
+            # project's settings), then the failure with the log's end.
+            self.proc.send_signal(signal.SIGUSR2)
+            time.sleep(1.0)
+            self._log.flush()
+            tail = "\n".join(self.output().splitlines()[-80:])
+            raise AssertionError(f"worker {self.pid} still running after {timeout}s; its "
+                                 f"threads and log:\n{tail}") from None
         finally:
             self._log.flush()
 

@@ -112,8 +112,9 @@ def health(snap: stats.Snapshot) -> tuple[list[str], str]:
 
 
 def dashboard_context(*, range_name: str = history.DEFAULT_RANGE,
-                      using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
-    """The template context of the dashboard page; ``range_name`` is the history's span."""
+                      using: str | None = None) -> dict[str, Any]:
+    """The template context of the dashboard page; ``range_name`` is the history's span.
+    Read from ``using``, else as ``stats.snapshot`` reads (``PGJOBS_STATS_DATABASE``)."""
     snap = stats.snapshot(using=using)
     changelist = reverse("admin:pgjobs_job_changelist")
     listed = {q.queue for q in snap.queues}
@@ -172,7 +173,7 @@ def dashboard_context(*, range_name: str = history.DEFAULT_RANGE,
             "newest_url": reverse("admin:pgjobs_job_change", args=[g.newest_job]),
             "newest_job": g.newest_job,
         } for g in snap.errors],
-        **history_context(range_name, using=using),
+        **history_context(range_name, using=using or stats.read_alias()),
         "throughput_total": sum(p.succeeded + p.dead for p in snap.throughput),
         "recent_hours": round(snap.windows.get("recent_seconds", 0) / 3600),
         "latency_minutes": round(snap.windows.get("latency_window_seconds", 0) / 60),

@@ -41,10 +41,13 @@ class Command(BaseCommand):
                             help="exit 1 when a queue's oldest ready job is older than its "
                                  "backlog policy or a schedule is late (for cron and health "
                                  "checks)")
-        parser.add_argument("--database", default="default", help="database alias")
+        parser.add_argument("--database", default=None,
+                            help="database alias to read everything from (default: "
+                                 "PGJOBS_STATS_DATABASE for the figures, the default alias "
+                                 "for workers and the vacuum horizon)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["database"] not in connections:
+        if options["database"] is not None and options["database"] not in connections:
             raise CommandError(f"unknown database alias {options['database']!r}")
         snap = stats.snapshot(using=options["database"])
         if options["json"]:
