@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 EMBEDDED := $(PY) -m testproject.embedded
 
-.PHONY: venv system-deps test test-quick demo admin screenshots lint chaos bench soak profile compare bench-async \
+.PHONY: venv system-deps test test-quick demo admin screenshots lint chaos failover bench soak profile compare bench-async \
 	bench-lifecycle bench-limits bench-remote clean
 
 $(STAMP): pyproject.toml
@@ -82,6 +82,16 @@ CHAOS_ARGS ?=
 
 chaos: $(STAMP)
 	$(PY) -m tests.harness $(CHAOS_ARGS)
+
+# The failover harness: a private primary and a streaming standby (pg_basebackup -R), workers
+# on a host list with target_session_attrs=read-write, the primary crashed mid-drain and the
+# standby promoted; under synchronous then asynchronous replication. Fails if an invariant of
+# the synchronous run broke; reports what the asynchronous run lost.
+#   make failover FAILOVER_ARGS="--mode sync --seconds 20 --keep"
+FAILOVER_ARGS ?=
+
+failover: $(STAMP)
+	$(PY) -m tests.harness.failover $(FAILOVER_ARGS)
 
 # Benchmarks: the peers are installed into their own virtualenv, never into the project's.
 #   make bench                         the full run (about 15 minutes); BENCH_ARGS=--quick to check

@@ -128,9 +128,11 @@ def host_messages(databases: dict[str, dict[str, Any]]) -> list[CheckMessage]:
     """A warning for each database that lists several hosts without target_session_attrs."""
     messages: list[CheckMessage] = []
     for alias, config in databases.items():
-        host = str(config.get("HOST") or "")
+        options = config.get("OPTIONS") or {}
+        # The hosts are HOST, or the driver's own host option (a URL's ?host=a,b puts them there).
+        host = str(config.get("HOST") or options.get("host") or "")
         if "postgresql" in str(config.get("ENGINE", "")) and "," in host \
-                and not (config.get("OPTIONS") or {}).get("target_session_attrs"):
+                and not options.get("target_session_attrs"):
             messages.append(Warning(
                 f"database {alias!r} lists several hosts ({host}) without "
                 "target_session_attrs: a connection takes the first that answers, so after a "

@@ -34,6 +34,10 @@ PING_SECONDS = 30.0
 RECONNECT_MAX_SECONDS = 5.0
 
 
+class ReadOnlyServer(psycopg.OperationalError):
+    """The listening connection's server no longer takes writes: listen elsewhere."""
+
+
 class Listener(threading.Thread):
     """Calls ``wake`` whenever a job becomes ready in one of ``queues`` (None: any queue).
 
@@ -103,7 +107,11 @@ class Listener(threading.Thread):
                         self.noticed(note.payload)
                     self.wake()
             if time.monotonic() - pinged >= PING_SECONDS:
-                conn.execute(sql.query("listener_ping"))
+                row = conn.execute(sql.query("listener_ping")).fetchone()
+                if row is not None and row[0]:
+                    raise ReadOnlyServer("listening on a read-only server (a standby, or a "
+                                         "primary demoted by a failover): it hears no "
+                                         "enqueue; reconnecting")
                 pinged = time.monotonic()
 
     def _connect(self) -> psycopg.Connection[Any]:

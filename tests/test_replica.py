@@ -128,8 +128,10 @@ def test_several_hosts_without_target_session_attrs_are_warned_of() -> None:
     base = dict(django_settings.DATABASES["default"])
     several = {**base, "HOST": "db-a.internal,db-b.internal", "OPTIONS": {}}
     targeted = {**several, "OPTIONS": {"target_session_attrs": "read-write"}}
-    warned = host_messages({"default": base, "a": several, "b": targeted})
-    assert [m.msg.split("'")[1] for m in warned] == ["a"]
+    # A URL's ?host=a,b&port=... lands in the driver's options.
+    in_options = {**base, "HOST": "", "OPTIONS": {"host": "/run/a,/run/b", "port": "5432,5432"}}
+    warned = host_messages({"default": base, "a": several, "b": targeted, "c": in_options})
+    assert [m.msg.split("'")[1] for m in warned] == ["a", "c"]
     assert "target_session_attrs" in warned[0].hint
 
 
@@ -158,3 +160,29 @@ def test_a_worker_that_reaches_a_standby_says_it_is_connected_to_a_read_only_ser
         assert "SQLSTATE 25006" in worker.output()
     finally:
         worker.stop()
+
+
+def test_a_listener_whose_server_turns_read_only_leaves_it(cluster, monkeypatch, caplog) -> None:
+    from django_pgjobs import notify
+    from tests.conftest import wait_for
+
+    primary, _, _ = cluster
+    monkeypatch.setattr(notify, "PING_SECONDS", 0.2)
+    woken: list[int] = []
+    listener = notify.Listener(lambda: woken.append(1), using=PRIMARY,
+                               application_name="pgjobs-listener read-only-test")
+    listener.start()
+    admin = psycopg.connect(host=primary.socket_dir, port=primary.port, user="postgres",
+                            dbname="postgres", autocommit=True)
+    try:
+        assert listener.listening.wait(10)
+        # The old primary, fenced after a failover: it still answers, and takes no write.
+        admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        admin.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: listener.reconnects > 0, 10)
+        assert "listening on a read-only server" in caplog.text
+    finally:
+        admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+        admin.execute("SELECT pg_reload_conf()")
+        admin.close()
+        listener.stop()
