@@ -78,6 +78,35 @@ class Vacuumer(threading.Thread):
             self.runs += 1
 
 
+class SnapshotHolder(threading.Thread):
+    """Hold a REPEATABLE READ snapshot open on the soak's database for ``seconds``, from
+    ``after`` seconds into the run: what an analytics query, a session idle in transaction or a
+    lagging slot does to vacuum's horizon."""
+
+    def __init__(self, after: float, seconds: float) -> None:
+        super().__init__(daemon=True)
+        self.after, self.seconds = after, seconds
+        self.stopping = threading.Event()
+        self.held: tuple[float, float] | None = None  # monotonic start and end of the hold
+
+    def run(self) -> None:
+        import psycopg
+        from django.db import connection
+
+        if self.stopping.wait(self.after):
+            return
+        params = connection.get_connection_params()
+        for key in ("cursor_factory", "context"):
+            params.pop(key, None)
+        with psycopg.connect(**params, application_name="soak-held-snapshot") as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            conn.execute("SELECT count(*) FROM pgjobs_job").fetchone()
+            started = time.monotonic()
+            self.stopping.wait(self.seconds)
+            conn.rollback()
+            self.held = (started, time.monotonic())
+
+
 def probe_claims(batches: int = 10, batch: int = 10) -> list[float]:
     """Claim ``batches`` batches from the probe queue and settle them; ms per claim."""
     from django.db import transaction
@@ -133,6 +162,23 @@ HEADERS = ["s", "enqueued", "ready", "finished rows", "job dead tuples", "job ta
            "job indexes MB", "attempt total MB", "vacuums", "claim p50 ms", "claim max ms"]
 
 
+def hold_summary(samples: list[dict[str, Any]], hold_from: float, hold_to: float) -> str:
+    """The steady state just before the held snapshot beside the last samples under it."""
+    before = [s for s in samples if s["t"] <= hold_from][-3:]
+    during = [s for s in samples if hold_from < s["t"] <= hold_to][-3:]
+    if not before or not during:
+        return "(too few samples around the hold)"
+    rows = []
+    for key, label in (("job_total_mb", "job table + indexes MB"),
+                       ("attempt_total_mb", "attempt table + indexes MB"),
+                       ("job_dead", "job dead tuples"), ("claim_p50_ms", "claim p50 ms"),
+                       ("claim_max_ms", "claim max ms")):
+        a = sum(s[key] for s in before) / len(before)
+        b = sum(s[key] for s in during) / len(during)
+        rows.append([label, _fmt(a, 2), _fmt(b, 2), _fmt(b / a, 2) if a else "n/a"])
+    return _table(["figure", "before the hold", "end of the hold", "end ÷ before"], rows)
+
+
 def summary(samples: list[dict[str, Any]], warmup_seconds: float) -> str:
     """Compare the last third of the steady state with its first third.
 
@@ -166,6 +212,9 @@ def main() -> None:
     parser.add_argument("--vacuum-seconds", type=float, default=30.0,
                         help="when the server's autovacuum is off, VACUUM the queue tables this "
                              "often (0: never, to see what happens without vacuum)")
+    parser.add_argument("--hold-snapshot", type=float, default=0.0, metavar="SECONDS",
+                        help="hold a REPEATABLE READ snapshot open this long, from the start "
+                             "of the steady state (0: none)")
     parser.add_argument("--output", type=Path,
                         default=harness.ROOT / "bench" / "results" / "soak.json")
     args = parser.parse_args()
@@ -203,8 +252,14 @@ def main() -> None:
                                     harness.ROOT / "bench" / "results" / "logs" / "soak.log")
     producer = Producer(args.rate)
     samples: list[dict[str, Any]] = []
+    warmup = args.retention_seconds + args.prune_interval + args.vacuum_seconds
+    holder = SnapshotHolder(warmup, args.hold_snapshot)
     start = time.monotonic()
     producer.start()
+    if args.hold_snapshot > 0:
+        print(f"soak: a REPEATABLE READ snapshot is held from {warmup:.0f} s for "
+              f"{args.hold_snapshot:.0f} s", file=sys.stderr)
+        holder.start()
     print(" | ".join(HEADERS))
     try:
         while (elapsed := time.monotonic() - start) < args.minutes * 60:
@@ -214,15 +269,21 @@ def main() -> None:
     finally:
         producer.stopping.set()
         vacuumer.stopping.set()
+        holder.stopping.set()
         producer.join(10)
         workers.stop()
     print()
     print(_table(HEADERS, [_row(s) for s in samples]))
     print()
-    warmup = args.retention_seconds + args.prune_interval + args.vacuum_seconds
     print(f"steady state: the samples after {warmup:.0f} s (retention, one prune interval and one "
           "vacuum interval)")
     print(summary(samples, warmup))
+    if args.hold_snapshot > 0:
+        hold_to = warmup + args.hold_snapshot
+        print()
+        print(f"held snapshot: the steady state before {warmup:.0f} s beside the end of the "
+              f"hold ({hold_to:.0f} s)")
+        print(hold_summary(samples, warmup, hold_to))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"args": vars(args) | {"output": str(args.output)},
                                        "server_autovacuum": autovacuum, "samples": samples},

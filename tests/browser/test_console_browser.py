@@ -305,17 +305,21 @@ def test_the_job_list_waits_while_the_operator_has_jobs_ticked(
     page.wait_for_function("window.pgjobsMark === undefined", timeout=5000)
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 def test_a_schedule_is_paused_and_run_from_its_own_page(
-    live_server: Any, page: Page, screenshot: Callable[[str], Path],
+    live_server: Any, page: Page, screenshot: Callable[[str], Path], width: int,
 ) -> None:
     user("root", superuser=True)
     schedule = ScheduleFactory(name="nightly", task="demo.noop", cron="0 3 * * *")
     log_in(page, live_server.url, "root")
+    page.set_viewport_size({"width": width, "height": 900})
     page.goto(f"{live_server.url}/admin/pgjobs/schedule/{schedule.pk}/change/")
     expect(page.locator("#pgjobs-schedule-actions button")).to_have_text(["Run now", "Pause"])
+    assert page_problems(page, whole_tables=width >= 1366) == [], width
     page.click("#pgjobs-schedule-pause_selected")
     expect(page.locator("#pgjobs-changes")).to_contain_text("1 schedule (active) will stop")
-    screenshot("pause-plan")
+    assert page_problems(page, whole_tables=width >= 1366) == [], width
+    screenshot(f"pause-plan-{width}")
     page.fill("textarea[name=reason]", "vendor outage")
     page.click("#pgjobs-confirm")
     expect(page.locator("ul.messagelist")).to_contain_text("Paused 1 schedule.")
@@ -338,15 +342,19 @@ def test_a_schedule_is_paused_and_run_from_its_own_page(
     ("dead", "retry_selected", "will go back to ready", "Retried 1", JobStatus.READY),
     ("dead", "replay_selected", "new job", "Replayed 1", JobStatus.DEAD),
 ])
+@pytest.mark.parametrize("width", WIDTHS)
 def test_each_action_on_a_jobs_page_shows_its_plan_then_acts(
     live_server: Any, page: Page, state: str, button: str, plan: str, done: str, after: str,
+    width: int,
 ) -> None:
     user("root", superuser=True)
     target = JobFactory(dead=True) if state == "dead" else JobFactory()
     log_in(page, live_server.url, "root")
+    page.set_viewport_size({"width": width, "height": 900})
     page.goto(f"{live_server.url}/admin/pgjobs/job/{target.pk}/change/")
     page.click(f"#pgjobs-job-{button}")
     expect(page.locator("#pgjobs-changes")).to_contain_text(plan)
+    assert page_problems(page, whole_tables=width >= 1366) == [], width  # the plan fits too
     page.fill("textarea[name=reason]", "on-call")
     if button == "replay_selected":  # the replay asks what becomes of the idempotency key
         page.check("input[name=key_choice][value=none]")
@@ -387,19 +395,22 @@ def test_a_view_only_user_sees_no_action_on_the_schedule_and_queue_pages(
     expect(page.locator("#pgjobs-queues button")).to_have_count(0)
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 def test_a_queues_jobs_waiting_out_a_backoff_are_run_now_from_the_queue_page(
-    live_server: Any, page: Page, screenshot: Callable[[str], Path],
+    live_server: Any, page: Page, screenshot: Callable[[str], Path], width: int,
 ) -> None:
     user("root", superuser=True)
     later = timezone.now() + timedelta(minutes=10)
     waiting = JobFactory.create_batch(3, queue="mail", retrying=True, run_at=later)
     other = JobFactory(queue="reports", retrying=True, run_at=later)
     log_in(page, live_server.url, "root")
+    page.set_viewport_size({"width": width, "height": 900})
     page.goto(f"{live_server.url}/admin/pgjobs/queuestate/")
     page.locator("#pgjobs-queue-mail button[value=run_now]").click()
     expect(page.locator("#pgjobs-queue-confirm")).to_have_text("Run queue mail's waiting jobs now")
+    assert page_problems(page, whole_tables=width >= 1366) == [], width
     expect(page.locator("#content")).to_contain_text("3 jobs of mail waiting for their time")
-    screenshot("run-now-plan")
+    screenshot(f"run-now-plan-{width}")
     page.fill("textarea[name=reason]", "the API is back")
     page.click("#pgjobs-queue-confirm-button")
     expect(page.locator("ul.messagelist")).to_contain_text("Queue mail: made 3 jobs due now.")
