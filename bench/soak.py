@@ -168,15 +168,26 @@ def hold_summary(samples: list[dict[str, Any]], hold_from: float, hold_to: float
     during = [s for s in samples if hold_from < s["t"] <= hold_to][-3:]
     if not before or not during:
         return "(too few samples around the hold)"
+    return _compare(before, during, ["figure", "before the hold", "end of the hold",
+                                     "end ÷ before"],
+                    [*FIGURES[:3], FIGURES[4], ("claim_max_ms", "claim max ms")])
+
+
+FIGURES = (("job_total_mb", "job table + indexes MB"),
+           ("attempt_total_mb", "attempt table + indexes MB"),
+           ("job_dead", "job dead tuples"), ("finished", "finished rows kept"),
+           ("claim_p50_ms", "claim p50 ms"))
+
+
+def _compare(first: list[dict[str, Any]], last: list[dict[str, Any]], headers: list[str],
+             figures: Any) -> str:
+    """Each figure's mean over ``first`` and over ``last``, and their ratio, as a table."""
     rows = []
-    for key, label in (("job_total_mb", "job table + indexes MB"),
-                       ("attempt_total_mb", "attempt table + indexes MB"),
-                       ("job_dead", "job dead tuples"), ("claim_p50_ms", "claim p50 ms"),
-                       ("claim_max_ms", "claim max ms")):
-        a = sum(s[key] for s in before) / len(before)
-        b = sum(s[key] for s in during) / len(during)
+    for key, label in figures:
+        a = sum(s[key] for s in first) / len(first)
+        b = sum(s[key] for s in last) / len(last)
         rows.append([label, _fmt(a, 2), _fmt(b, 2), _fmt(b / a, 2) if a else "n/a"])
-    return _table(["figure", "before the hold", "end of the hold", "end ÷ before"], rows)
+    return _table(headers, rows)
 
 
 def summary(samples: list[dict[str, Any]], warmup_seconds: float) -> str:
@@ -188,16 +199,8 @@ def summary(samples: list[dict[str, Any]], warmup_seconds: float) -> str:
     steady = [s for s in samples if s["t"] > warmup_seconds] or samples
     samples = steady
     third = max(1, len(samples) // 3)
-    first, last = samples[:third], samples[-third:]
-    rows = []
-    for key, label in (("job_total_mb", "job table + indexes MB"),
-                       ("attempt_total_mb", "attempt table + indexes MB"),
-                       ("job_dead", "job dead tuples"), ("finished", "finished rows kept"),
-                       ("claim_p50_ms", "claim p50 ms")):
-        a = sum(s[key] for s in first) / len(first)
-        b = sum(s[key] for s in last) / len(last)
-        rows.append([label, _fmt(a, 2), _fmt(b, 2), _fmt(b / a, 2) if a else "n/a"])
-    return _table(["figure", "first third", "last third", "last ÷ first"], rows)
+    return _compare(samples[:third], samples[-third:],
+                    ["figure", "first third", "last third", "last ÷ first"], FIGURES)
 
 
 def main() -> None:

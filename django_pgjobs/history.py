@@ -30,7 +30,9 @@ DEFAULT_RANGE = "1h"
 def sample_queues(using: str = DEFAULT_DB_ALIAS) -> int:
     """Write this interval's sample unless another worker has; return the rows written."""
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("sample_queues"), {
+        statement = sql.query("sample_queues").replace(
+            "{oldest_ready}", sql.query("stats_oldest_ready"))
+        cursor.execute(statement, {
             "interval": float(settings.HISTORY_INTERVAL_SECONDS),
             "retention": float(settings.HISTORY_RETENTION_SECONDS),
         })

@@ -7,9 +7,9 @@
 -- just ended, written under the interval's end, and samples past the retention deleted. The
 -- NOT EXISTS gate runs first and alone: when another worker has sampled this interval, nothing
 -- below it is read. Every count comes from a partial index (the claim, lease, due, throttled
--- and finished indexes, the failed attempts' end index); the oldest ready job per queue from a
--- skip scan over the claim index, as in stats_oldest_ready.
-WITH RECURSIVE at AS (
+-- and finished indexes, the failed attempts' end index); the oldest ready job per queue from
+-- stats_oldest_ready's skip scan over the claim index, which the code splices in.
+WITH at AS (
     SELECT date_bin(make_interval(secs => %(interval)s), now(), timestamptz '2000-01-01')
            AS sampled_at
 ), pruned AS (
@@ -43,29 +43,9 @@ WITH RECURSIVE at AS (
       AND a.finished_at >= at.sampled_at - make_interval(secs => %(interval)s)
       AND a.finished_at < at.sampled_at
     GROUP BY j.queue
-), heads(queue, priority, run_at) AS (
-    (SELECT queue, priority, run_at FROM pgjobs_job
-     WHERE status = 'ready'
-     ORDER BY queue, priority DESC, run_at, id
-     LIMIT 1)
-    UNION ALL
-    SELECT nxt.queue, nxt.priority, nxt.run_at
-    FROM heads AS h
-    CROSS JOIN LATERAL (
-        (SELECT j.queue, j.priority, j.run_at FROM pgjobs_job AS j
-         WHERE j.status = 'ready' AND j.queue = h.queue AND j.priority < h.priority
-         ORDER BY j.queue, j.priority DESC, j.run_at, j.id
-         LIMIT 1)
-        UNION ALL
-        (SELECT j.queue, j.priority, j.run_at FROM pgjobs_job AS j
-         WHERE j.status = 'ready' AND j.queue > h.queue
-         ORDER BY j.queue, j.priority DESC, j.run_at, j.id
-         LIMIT 1)
-        LIMIT 1
-    ) AS nxt
-), oldest AS (
-    SELECT queue, GREATEST(0, extract(epoch FROM now() - min(run_at)))::float8 AS seconds
-    FROM heads GROUP BY queue
+), oldest(queue, seconds) AS (
+    -- The skip scan of stats_oldest_ready, spliced in whole by the code that runs this.
+    {oldest_ready}
 ), per_queue AS (
     SELECT queue, sum(ready) AS ready, sum(waiting) AS waiting, sum(running) AS running,
            0 AS succeeded, 0 AS dead, 0 AS failed
