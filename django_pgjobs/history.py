@@ -10,7 +10,7 @@ The rows outlive the jobs they counted: pruning finished jobs leaves the history
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
@@ -25,6 +25,8 @@ RANGES = {
     "7d": (7 * 24 * 3600, 3600),
 }
 DEFAULT_RANGE = "1h"
+# Samples and chart buckets sit on one grid, counted from this instant (date_bin's origin).
+BIN_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def sample_queues(using: str = DEFAULT_DB_ALIAS) -> int:
@@ -34,7 +36,7 @@ def sample_queues(using: str = DEFAULT_DB_ALIAS) -> int:
             "{oldest_ready}", sql.query("stats_oldest_ready"))
         cursor.execute(statement, {
             "interval": float(settings.HISTORY_INTERVAL_SECONDS),
-            "retention": float(settings.HISTORY_RETENTION_SECONDS),
+            "retention": float(settings.HISTORY_RETENTION_SECONDS), "origin": BIN_ORIGIN,
         })
         return max(cursor.rowcount, 0)
 
@@ -63,7 +65,8 @@ def points(range_name: str, using: str = DEFAULT_DB_ALIAS) -> dict[str, list[Poi
     """Each queue's buckets over ``range_name`` (a key of ``RANGES``), oldest first."""
     span, bucket = RANGES[range_name][0], bucket_seconds(range_name)
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("history_points"), {"span": span, "bucket": bucket})
+        cursor.execute(sql.query("history_points"),
+                       {"span": span, "bucket": bucket, "origin": BIN_ORIGIN})
         rows = cursor.fetchall()
     series: dict[str, list[Point]] = {}
     for at, queue, ready, waiting, running, oldest, succeeded, failed, dead in rows:
@@ -72,4 +75,5 @@ def points(range_name: str, using: str = DEFAULT_DB_ALIAS) -> dict[str, list[Poi
     return series
 
 
-__all__ = ["DEFAULT_RANGE", "RANGES", "Point", "bucket_seconds", "points", "sample_queues"]
+__all__ = ["BIN_ORIGIN", "DEFAULT_RANGE", "RANGES", "Point", "bucket_seconds", "points",
+           "sample_queues"]

@@ -287,14 +287,20 @@ def _secret_values_pattern(secrets: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(re.escape(s) for s in ordered))
 
 
+def database_cause(exc: BaseException) -> psycopg.Error | None:
+    """The driver's error behind ``exc`` (itself, or the one Django wraps); None if none."""
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    return cause if isinstance(cause, psycopg.Error) else None
+
+
 def database_error_text(exc: BaseException) -> str | None:
     """A database error's primary message and SQLSTATE; None for an error of anything else.
 
     The server's report also has DETAIL and CONTEXT parts, which quote the data that failed (a
     CHECK's DETAIL is the whole failing row, payload and all): they are left out.
     """
-    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
-    if not isinstance(cause, psycopg.Error):
+    cause = database_cause(exc)
+    if cause is None:
         return None
     primary = cause.diag.message_primary
     if not primary:

@@ -196,8 +196,8 @@ def dashboard_context(*, range_name: str = history.DEFAULT_RANGE,
 def _grid(range_name: str, now: datetime) -> list[datetime]:
     """The buckets' starts over the range, oldest first, on the grid the database bins on."""
     span, bucket = history.RANGES[range_name][0], history.bucket_seconds(range_name)
-    epoch = datetime(2000, 1, 1, tzinfo=UTC)
-    last = epoch + timedelta(seconds=(now - epoch).total_seconds() // bucket * bucket)
+    origin = history.BIN_ORIGIN
+    last = origin + timedelta(seconds=(now - origin).total_seconds() // bucket * bucket)
     return [last - timedelta(seconds=bucket * k) for k in range(span // bucket - 1, -1, -1)]
 
 

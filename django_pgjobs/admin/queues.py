@@ -7,6 +7,8 @@ applied by its transition and audited in the same transaction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -57,13 +59,25 @@ def _run_now_text(queue: str) -> str:
             "retrying jobs first.")
 
 
-# action: (title, what it will do, permission, apply)
-ACTIONS: dict[str, tuple[str, Any, str, Any]] = {
-    "pause": ("Pause queue {queue}", lambda q: f"Workers will stop claiming from {q} within a "
-              "second; its running jobs finish, and enqueue goes on.", "pause_queue", _pause),
-    "resume": ("Resume queue {queue}", lambda q: f"Workers will claim from {q} again at once.",
-               "pause_queue", _resume),
-    "run_now": ("Run queue {queue}'s waiting jobs now", _run_now_text, "retry_job", _run_now),
+@dataclass(frozen=True)
+class QueueAction:
+    """One action on a queue: its title, what it will do, the permission it needs, the deed."""
+
+    title: str  # with {queue}
+    plan: Callable[[str], str]
+    permission: str
+    apply: Callable[[str, transitions.Actor, str], str]
+
+
+ACTIONS = {
+    "pause": QueueAction(
+        "Pause queue {queue}", lambda q: f"Workers will stop claiming from {q} within a second; "
+        "its running jobs finish, and enqueue goes on.", "pause_queue", _pause),
+    "resume": QueueAction(
+        "Resume queue {queue}", lambda q: f"Workers will claim from {q} again at once.",
+        "pause_queue", _resume),
+    "run_now": QueueAction("Run queue {queue}'s waiting jobs now", _run_now_text, "retry_job",
+                           _run_now),
 }
 
 
@@ -71,12 +85,9 @@ ACTIONS: dict[str, tuple[str, Any, str, Any]] = {
 class QueueStateAdmin(ReadOnlyAdmin):
     """Not a list of rows: the page lists every known queue, with or without a row."""
 
-    def has_pause_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request) and request.user.has_perm("pgjobs.pause_queue")
-
     def may(self, request: HttpRequest, action: str) -> bool:
         return self.has_view_permission(request) and request.user.has_perm(
-            f"pgjobs.{ACTIONS[action][2]}")
+            f"pgjobs.{ACTIONS[action].permission}")
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -85,7 +96,7 @@ class QueueStateAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         context: dict[str, Any] = {
             **self.admin_site.each_context(request), "opts": self.opts, "title": "Queues",
-            "can_pause": self.has_pause_permission(request),
+            "can_pause": self.may(request, "pause"),
             "can_run_now": self.may(request, "run_now"), **(extra_context or {}),
         }
         if request.method == "POST":
@@ -94,15 +105,15 @@ class QueueStateAdmin(ReadOnlyAdmin):
                 raise PermissionDenied("unknown action or queue")
             if not self.may(request, action):
                 raise PermissionDenied
-            title, text, _, apply = ACTIONS[action]
+            chosen = ACTIONS[action]
             if request.POST.get("pgjobs_confirm") != "yes":
                 context["confirm"] = {
-                    "title": title.format(queue=queue), "text": text(queue),
+                    "title": chosen.title.format(queue=queue), "text": chosen.plan(queue),
                     "action": action, "queue": queue,
                 }
                 return TemplateResponse(request, "admin/pgjobs/queuestate/queues.html", context)
             reason = request.POST.get("reason", "")[:1000].strip()
-            said = apply(queue, transitions.Actor.of(request.user), reason)
+            said = chosen.apply(queue, transitions.Actor.of(request.user), reason)
             self.message_user(request, said, messages.SUCCESS)
             return HttpResponseRedirect(reverse("admin:pgjobs_queuestate_changelist"))
         context["rows"] = queue_rows()

@@ -10,7 +10,7 @@
 -- and finished indexes, the failed attempts' end index); the oldest ready job per queue from
 -- stats_oldest_ready's skip scan over the claim index, which the code splices in.
 WITH at AS (
-    SELECT date_bin(make_interval(secs => %(interval)s), now(), timestamptz '2000-01-01')
+    SELECT date_bin(make_interval(secs => %(interval)s), now(), %(origin)s)
            AS sampled_at
 ), pruned AS (
     DELETE FROM pgjobs_queue_sample
@@ -70,7 +70,7 @@ ON CONFLICT (sampled_at, queue) DO NOTHING
 -- The samples of the last %(span)s seconds in buckets of %(bucket)s seconds, per queue (and
 -- summed over every queue as the queue NULL): the most that waited or ran in the bucket, the
 -- longest wait, and what finished in it. Read along the unique index's leading sampled_at.
-SELECT date_bin(make_interval(secs => %(bucket)s), sampled_at, timestamptz '2000-01-01')
+SELECT date_bin(make_interval(secs => %(bucket)s), sampled_at, %(origin)s)
        AS bucket, queue,
        max(ready)::bigint, max(waiting)::bigint, max(running)::bigint,
        max(oldest_ready_seconds), sum(succeeded)::bigint, sum(failed)::bigint,

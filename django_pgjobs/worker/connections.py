@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg
 from django.db import DatabaseError, connections
 
 from .. import redaction
@@ -76,7 +75,8 @@ def database_error_text(exc: BaseException) -> str:
     Those parts quote the data that failed (a jsonb cast's CONTEXT echoes the JSON, results and
     all), which must not reach a log; ``redaction.database_error_text`` keeps what went wrong.
     """
-    if sqlstate(exc) == READ_ONLY_SQLSTATE:
+    cause = redaction.database_cause(exc)
+    if cause is not None and cause.sqlstate == READ_ONLY_SQLSTATE:
         return READ_ONLY_TEXT
     text = redaction.database_error_text(exc)
     return one_line(exc) if text is None else one_line(Exception(text))
@@ -88,12 +88,6 @@ READ_ONLY_SQLSTATE = "25006"
 READ_ONLY_TEXT = ("connected to a read-only server (a standby, or a primary demoted by a "
                   "failover); reconnecting: with several hosts and target_session_attrs="
                   "read-write, the next connection finds the primary [SQLSTATE 25006]")
-
-
-def sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a database error (psycopg's, or the one Django wraps), else None."""
-    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
-    return getattr(cause, "sqlstate", None) if isinstance(cause, psycopg.Error) else None
 
 
 class Outage:
