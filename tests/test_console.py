@@ -295,7 +295,10 @@ def test_a_jobs_page_links_the_receipts_its_attempts_took(login) -> None:
             for n in range(2)]
     IdempotencyReceipt.objects.create(scope="mail", key="m-1", job_id=other.pk, result={},
                                       expires_at=job.created_at)
-    client = login("view_job")
+    page = login("view_job", username="no-receipts").get(
+        f"/admin/pgjobs/job/{job.pk}/change/").content.decode()
+    assert "charge:o-0" not in page  # receipts are for those who may see receipts
+    client = login("view_job", "view_idempotencyreceipt")
     page = client.get(f"/admin/pgjobs/job/{job.pk}/change/").content.decode()
     for receipt in took:
         assert (f'<a href="/admin/pgjobs/idempotencyreceipt/{receipt.pk}/change/">'

@@ -178,6 +178,14 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         ("Operator actions", {"fields": ("operator_history",)}),
     )
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        # A job's receipts (scope and key) are for those who may see receipts.
+        if request.user.has_perm("pgjobs.view_idempotencyreceipt"):
+            return self.fieldsets
+        return [(name, {**options, "fields": tuple(f for f in options["fields"]
+                                                   if f != "receipts_shown")})
+                for name, options in self.fieldsets or ()]
+
     @admin.display(description="receipts")
     def receipts_shown(self, job: Job) -> str:
         """The receipts this job's attempts took (the side effects they guard), linked."""
