@@ -80,3 +80,22 @@ def server_settings(socket_dir: str, port: int, database: str) -> dict[str, Any]
         "TEST": {"MIRROR": None, "NAME": None, "CHARSET": None, "COLLATION": None,
                  "MIGRATE": True, "DEPENDENCIES": []},
     }
+
+
+def restart_with(server: PrivateServer, settings: dict[str, str]) -> None:
+    """Write ``settings`` into ``server``'s postgresql.auto.conf and restart it cleanly: for the
+    settings a server reads only when it starts (max_prepared_transactions, wal_level)."""
+    with (server.pgdata / "postgresql.auto.conf").open("a") as conf:
+        for name, value in settings.items():
+            conf.write(f"{name} = '{value}'\n")
+    server._embedded.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata,
+                            user=server._server.system_user, timeout=60)
+    server._server.ensure_postgres_running()
+    info = server._server.get_postmaster_info()
+    server.socket_dir, server.port = str(info.socket_dir), int(info.port or 5432)
+    with psycopg.connect(host=server.socket_dir, port=server.port, user="postgres",
+                         dbname="postgres", autocommit=True) as conn:
+        for name, value in settings.items():
+            [shown] = conn.execute("SELECT current_setting(%s)", [name]).fetchone() or [None]
+            if shown != value:
+                raise RuntimeError(f"{name} is {shown!r} after the restart, not {value!r}")

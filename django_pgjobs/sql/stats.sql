@@ -301,7 +301,8 @@ LIMIT %(limit)s
 SELECT * FROM (
     SELECT 'session' AS kind, pid::text AS holder, application_name, usename AS role,
            COALESCE(state, '') AS state,
-           extract(epoch FROM now() - COALESCE(xact_start, backend_start))::float8 AS seconds,
+           -- A WAL sender has no transaction: its standby's feedback is judged by its xids.
+           extract(epoch FROM now() - xact_start)::float8 AS seconds,
            age(COALESCE(backend_xmin, backend_xid))::bigint AS xids
     FROM pg_stat_activity
     WHERE pid <> pg_backend_pid()
@@ -310,9 +311,10 @@ SELECT * FROM (
     UNION ALL
     SELECT 'replication slot', slot_name::text, '', '', CASE WHEN active THEN 'active'
            ELSE 'inactive' END, NULL,
-           GREATEST(age(xmin), age(catalog_xmin))::bigint
+           age(xmin)::bigint
     FROM pg_replication_slots
-    WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+    -- A logical slot's catalog_xmin holds back only the system catalogs, never job rows.
+    WHERE xmin IS NOT NULL
     UNION ALL
     SELECT 'prepared transaction', gid, '', owner::text, 'prepared',
            extract(epoch FROM now() - prepared)::float8, age(transaction)::bigint
