@@ -17,7 +17,7 @@ MANAGE := $(PY) testproject/manage.py
 EMBEDDED := $(PY) -m testproject.embedded
 
 .PHONY: venv system-deps test test-quick demo admin screenshots lint chaos failover bench soak profile compare bench-async \
-	bench-lifecycle bench-limits bench-remote clean
+	bench-lifecycle bench-limits bench-workflows bench-remote clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -100,6 +100,8 @@ failover: $(STAMP)
 #   make compare REV=HEAD~3            drain with this checkout and REV, interleaved, one run
 #   make bench-async                   one worker: async handlers next to executor threads on I/O
 #   make bench-lifecycle               how fast a cancel reaches each kind of handler, and a pause
+#   make bench-workflows               1,000 chains of 10 and 100 chords of 100 beside plain jobs:
+#                                      throughput, and each waiting job's hand-over latency
 #   make bench-limits                  a drain under per-key limits beside an unlimited one, a
 #                                      hot key's 10,000 jobs beside 1,000 others (head-of-line),
 #                                      and two rate keys' starts over a minute (rates held)
@@ -141,6 +143,9 @@ bench-lifecycle: $(BENCH_STAMP)
 
 bench-limits: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.limits $(LIMITS_ARGS)
+
+bench-workflows: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.workflows $(WORKFLOWS_ARGS)
 
 bench-remote: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.remote $(REMOTE_ARGS)

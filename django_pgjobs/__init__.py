@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
     Cancelled,
+    DependencyCycle,
     EnqueueError,
+    InvalidDependency,
     InvalidJobOption,
     InvalidLimitKey,
     LeaseLost,
@@ -32,11 +34,15 @@ from .ticks import Schedule
 if TYPE_CHECKING:
     from .enqueuing import JobSpec
     from .models import Job
+    from .workflows import After, chain, chord, group
 
 __all__ = [
+    "After",
     "Cancelled",
+    "DependencyCycle",
     "EnqueueError",
     "Handler",
+    "InvalidDependency",
     "InvalidJobOption",
     "InvalidLimitKey",
     "JobSpec",
@@ -55,8 +61,11 @@ __all__ = [
     "Transient",
     "UnknownQueue",
     "UnknownTask",
+    "chain",
+    "chord",
     "enqueue",
     "enqueue_many",
+    "group",
     "job",
     "redact",
 ]
@@ -76,9 +85,16 @@ def enqueue_many(specs: Any, *, using: str | None = None) -> list[Job]:
     return _enqueue_many(specs, using=using)
 
 
+_WORKFLOW_NAMES = frozenset({"After", "chain", "chord", "group"})
+
+
 def __getattr__(name: str) -> Any:
     if name == "JobSpec":
         from .enqueuing import JobSpec
 
         return JobSpec
+    if name in _WORKFLOW_NAMES:
+        from . import workflows
+
+        return getattr(workflows, name)
     raise AttributeError(name)

@@ -18,6 +18,12 @@ DEFAULT_QUEUE = "default"
 DEFAULT_QUEUES: list[str] | None = None  # None: any queue name is accepted
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_PAYLOAD_DEPTH = 32  # nesting of lists and objects in a payload
+# The most jobs one job may depend on (docs/workflows.md): a chord's callback waits for its
+# whole group, so this bounds a chord too.
+DEFAULT_MAX_DEPENDENCIES = 1000
+# The largest result a handler may return (JSON, in bytes): results are stored on the job and
+# read by the jobs that depend on it.
+DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 DEFAULT_LEASE_SECONDS = 30
 DEFAULT_MAX_ATTEMPTS = 20
 DEFAULT_MAX_AGE_SECONDS = 3 * 24 * 3600

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import time
 from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import Any
 
 from asgiref.sync import sync_to_async
 
@@ -13,7 +17,11 @@ from .claimed import ClaimedJob
 from .exceptions import Cancelled, LeaseLost, TimedOut
 from .outcomes import Outcome
 from .status import AttemptOutcome
-from .transitions import extend_leases
+from .transitions import extend_leases, record_progress
+
+# A chatty handler's progress costs at most one write per this many seconds.
+PROGRESS_WRITE_SECONDS = 1.0
+PROGRESS_MESSAGE_MAX_LENGTH = 200
 
 logger = logging.getLogger("django_pgjobs.handler")
 
@@ -30,6 +38,7 @@ class JobContext:
         self._lease_lost = False
         self._cancelled = False
         self._timed_out = False
+        self._progress_written_at = -math.inf
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -141,6 +150,46 @@ class JobContext:
         return Outcome.cancelled(
             self.job, f"cancelled by an operator while it ran; the handler was told and then "
                       f"reported {reported.attempt_outcome.value}")
+
+    def progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        """Record how far the job has got: ``done`` of ``total`` (None: unknown), and a short
+        ``message``. Shown live in the admin and on ``Job.progress``.
+
+        Written under the lease (a worker that lost it changes nothing; ``lease_lost`` turns
+        True), at most once per second: calls in between are dropped, so call it as often as is
+        convenient. ``ValueError`` for a negative, infinite or NaN count or a long message.
+        """
+        for name, value in (("done", done), ("total", total)):
+            if value is None and name == "total":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    math.isfinite(value) and value >= 0):
+                raise ValueError(f"progress {name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(message, str) or len(message) > PROGRESS_MESSAGE_MAX_LENGTH:
+            raise ValueError(f"progress message must be a string of at most "
+                             f"{PROGRESS_MESSAGE_MAX_LENGTH} characters")
+        now = time.monotonic()
+        if self._lease_lost or now - self._progress_written_at < PROGRESS_WRITE_SECONDS:
+            return
+        self._progress_written_at = now
+        document = json.dumps({"done": done, "total": total, "message": message})
+        if not record_progress(self.job.id, self.job.lease_token, document, using=self.using):
+            self._lease_lost = True
+
+    async def aprogress(self, done: float, total: float | None = None, message: str = "") -> None:
+        """``progress`` for an async handler (the database call runs off the event loop)."""
+        await sync_to_async(self.progress, thread_sensitive=True)(done, total, message)
+
+    def dependencies(self) -> list[Any]:
+        """The jobs this job depended on (docs/workflows.md), in the order they were named:
+        each one's ``job_id``, ``task``, ``status`` (how it ended) and ``result``."""
+        from .workflows import results_of
+
+        return results_of(self.job.id, using=self.using)
+
+    async def adependencies(self) -> list[Any]:
+        """``dependencies`` for an async handler."""
+        return await sync_to_async(self.dependencies, thread_sensitive=True)()
 
     def receipt(
         self, scope: str, *, key: str, retention_seconds: float | None = None

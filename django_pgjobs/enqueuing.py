@@ -23,7 +23,7 @@ import psycopg
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, ProgrammingError, connections, transaction
 
-from . import tracing, transitions
+from . import tracing, transitions, workflows
 from .exceptions import InvalidJobOption, KeyTakenThenFreed, NotMigrated
 from .models import Job
 from .options import (
@@ -43,22 +43,28 @@ def enqueue(task: str | Handler, payload: Any, **options: Any) -> Job:
     """Enqueue one job in the caller's transaction and return it.
 
     Options: queue, priority, run_at or delay, idempotency_key, unique_key and unique_period,
-    max_attempts, max_age, lease, timeout, trace_id, fairness_key, payload_version, using. A
+    max_attempts, max_age, lease, timeout, trace_id, fairness_key, payload_version, using, and
+    after (the jobs it waits for: docs/workflows.md). A
     second enqueue with the same task and idempotency_key returns the existing job
     (``job.created`` is False) and writes nothing; so does one with the unique_key of an active
     job (or, with a unique_period, of a job of the same period).
     """
     using = options.pop("using", None)
-    return enqueue_many([JobSpec(task, payload, options)], using=using)[0]
+    after = options.pop("after", ())
+    return enqueue_many([JobSpec.of(task, payload, after=after, **options)], using=using)[0]
 
 
 def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
     """Enqueue many jobs with one INSERT, in order; all are validated before any is written."""
     alias = _checked_alias(using)
     defaults = Defaults.read()
+    if not isinstance(specs, list | tuple):
+        specs = list(specs)
     rows = rows_of(specs, defaults)
     if not rows:
         return []
+    if any(spec.after for spec in specs):
+        return _enqueue_graph(specs, rows, alias, defaults.notify)
     found = tracing.tracer()
     if found is None:
         return _insert_all(rows, [None] * len(rows), alias, defaults.notify)
@@ -66,6 +72,24 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
         jobs = _insert_all(rows, sending.traceparents, alias, defaults.notify)
         sending.sent(jobs)
     return jobs
+
+
+def _enqueue_graph(specs: Sequence[JobSpec], rows: Sequence[Row], alias: str,
+                   notify: bool) -> list[Job]:
+    """A workflow: its jobs and edges, checked, in one savepoint (``workflows``)."""
+
+    def insert(graph: workflows.Graph) -> list[Job]:
+        for place, row in enumerate(rows):
+            row.graph = (graph.pending[place], graph.has_dependents[place], graph.workflow_id)
+        found = tracing.tracer()
+        if found is None:
+            return _insert_all(rows, [None] * len(rows), alias, notify)
+        with tracing.sending(found, rows) as sending:
+            jobs = _insert_all(rows, sending.traceparents, alias, notify)
+            sending.sent(jobs)
+        return jobs
+
+    return workflows.enqueue_graph(specs, insert, alias)
 
 
 def validate(spec: JobSpec) -> None:
@@ -190,7 +214,7 @@ def _insert_rows(
 
 def _insert(rows: Sequence[Row], alias: str, notify: bool) -> list[Job | None]:
     """One INSERT of ``rows``; each row's job, the one holding its key, or None if that is gone."""
-    if len(rows) == 1:
+    if len(rows) == 1 and rows[0].graph is None:
         [row] = rows
         names, returned = transitions.insert_job(
             {**dict(zip(ROW_COLUMNS, row.values, strict=True)), "traceparent": row.traceparent},
@@ -207,8 +231,9 @@ def _many_rows(rows: Sequence[Row]) -> tuple[list[Combination], str]:
     """The combinations of ``rows``, and each row's own values as one JSON document.
 
     A row is ``[combination, payload]``, then its schedule tick, traceparent, limit key and
-    weight when it has any of them: joining the already encoded payloads costs a fraction of quoting
-    a text array of them, and the server parses the document once.
+    weight when it has any of them (and then a workflow's count of dependencies, whether jobs
+    depend on it, and its workflow id): joining the already encoded payloads costs a fraction
+    of quoting a text array of them, and the server parses the document once.
     """
     combinations: list[Combination] = []
     numbers: dict[int, int] = {}
@@ -219,14 +244,17 @@ def _many_rows(rows: Sequence[Row]) -> tuple[list[Combination], str]:
             number = numbers[id(row.combination)] = len(combinations) + 1
             combinations.append(row.combination)
         traceparent = row.traceparent
-        if row.tick is None and traceparent is None and row.limit_key is None:
+        if row.tick is None and traceparent is None and row.limit_key is None and (
+                row.graph is None):
             parts.append(f"[{number},{row.encoded}]")
         else:
             scheduled_at = row.scheduled_at
+            graph = "" if row.graph is None else (
+                f",{row.graph[0]},{json.dumps(row.graph[1])},{json.dumps(row.graph[2])}")
             parts.append(f"[{number},{row.encoded},{json.dumps(row.schedule_id)},"
                          f"{json.dumps(scheduled_at and scheduled_at.isoformat())},"
                          f"{json.dumps(traceparent)},{json.dumps(row.limit_key)},"
-                         f"{json.dumps(row.rate_weight)}]")
+                         f"{json.dumps(row.rate_weight)}{graph}]")
     return combinations, f"[{','.join(parts)}]"
 
 

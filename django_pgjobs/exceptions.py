@@ -50,6 +50,15 @@ class InvalidJobOption(EnqueueError):
     pass
 
 
+class InvalidDependency(EnqueueError):
+    """A workflow's edges are wrong: an unknown requirement, a job that is not in this call, not
+    in this database or does not exist, one named twice, or more than PGJOBS_MAX_DEPENDENCIES."""
+
+
+class DependencyCycle(InvalidDependency):
+    """The jobs of one call depend on each other in a circle: none of them could ever start."""
+
+
 class InvalidLimitKey(EnqueueError):
     """A handler's ``Limit`` or ``Rate`` could not give this job a key or a weight: its
     function raised, or gave something other than a short string (a whole number)."""

@@ -74,6 +74,10 @@ async def aexecute(job: ClaimedJob, ctx: JobContext) -> Outcome:
         return _raised(job, handler, started, exc)
     return _returned(job, started, result)
 
+# A result's JSON shorter than this many characters is at most four times as many bytes, under
+# the smallest PGJOBS_MAX_RESULT_BYTES allowed: the setting is read only for longer ones.
+RESULT_CHECKED_FROM = 16 * 1024
+
 
 def timed_out(job: ClaimedJob, *, ran_seconds: float) -> Outcome:
     """The outcome of a job still running at its timeout: failed, class ``timeout``.
@@ -181,6 +185,14 @@ def _returned(job: ClaimedJob, started: float, result: Any) -> Outcome:
                            "handler returned a value with a lone surrogate "
                            f"({result_json[exc.start]!r}), which is not UTF-8 and which "
                            "PostgreSQL cannot store", "")
+    if len(result_json) > RESULT_CHECKED_FROM:  # smaller ones are within any allowed limit
+        limit = int(settings.MAX_RESULT_BYTES)
+        size = len(result_json.encode("utf-8"))
+        if size > limit:
+            return _failed(job, started, FailureClass.PERMANENT,
+                           f"handler returned a result of {size} bytes, more than "
+                           f"PGJOBS_MAX_RESULT_BYTES ({limit}): store it elsewhere and return "
+                           "a reference to it", "")
     return Outcome.succeeded(job, result_json, _ms(started))
 
 

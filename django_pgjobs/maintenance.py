@@ -28,6 +28,7 @@ from .status import TERMINAL_STATUSES, JobStatus
 from .transitions import (
     admit_waiting_keys,
     delete_finished_jobs,
+    expire_pending_jobs,
     free_orphaned_slots,
     promote_due_jobs,
     raise_waiting_priorities,
@@ -92,6 +93,11 @@ class Step:
 def promote_step(using: str = DEFAULT_DB_ALIAS) -> int:
     """Make due scheduled and retrying jobs ready; return how many."""
     return len(promote_due_jobs(settings.PROMOTE_BATCH, using=using))
+
+
+def expire_pending_step(using: str = DEFAULT_DB_ALIAS) -> int:
+    """End pending jobs whose deadline passed while they waited; return how many."""
+    return len(expire_pending_jobs(settings.RESCUE_BATCH, using=using))
 
 
 def rescue_step(using: str = DEFAULT_DB_ALIAS) -> int:
@@ -357,6 +363,8 @@ def default_steps(
         # triggers) are looked for on the rescue step's.
         Step("limits", poll_interval, admit_step, wakes_workers=True),
         Step("orphaned slots", float(settings.RESCUE_INTERVAL_SECONDS), orphaned_slots_step),
+        # Workflows: a pending job whose deadline passes ends dead on the rescue step's cadence.
+        Step("expire pending", float(settings.RESCUE_INTERVAL_SECONDS), expire_pending_step),
         _rate_step(poll_interval),
         Step("prune", float(settings.PRUNE_INTERVAL_SECONDS), prune_finished,
                  backlog_at=int(settings.PRUNE_BATCH)),

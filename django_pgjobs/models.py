@@ -19,6 +19,7 @@ from .status import (
     JobStatus,
     MisfirePolicy,
     OverlapPolicy,
+    Requires,
     ScheduleSource,
     SkipReason,
     TerminalReason,
@@ -222,6 +223,15 @@ class Job(models.Model):
     )
     last_error = models.TextField(blank=True, default="")
     result = models.JSONField(null=True, blank=True)
+    # Workflows (docs/workflows.md): the id its jobs share; while pending, how many of the jobs
+    # it depends on have not yet ended as its edges require; and whether any job depends on it
+    # (only then does its end look for dependents: the trigger's WHEN tests this column).
+    workflow_id = models.UUIDField(null=True, blank=True)
+    pending_dependencies = models.PositiveIntegerField(null=True, blank=True)
+    has_dependents = models.BooleanField(default=False, db_default=False)
+    # The handler's last ctx.progress(): {"done": n, "total": n or null, "message": "..."},
+    # written under its lease at most once a second.
+    progress = models.JSONField(null=True, blank=True)
     # Jobs of a schedule: which one and the tick's intended time (ctx.scheduled_at). A unique
     # index holds one job per (schedule, tick); PROTECT keeps schedules that jobs name.
     schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, null=True, blank=True,
@@ -283,6 +293,17 @@ class Job(models.Model):
                 fields=["run_at"],
                 name="pgjobs_job_rate_next_idx",
                 condition=Q(status=JobStatus.THROTTLED, limit_slot__isnull=False),
+            ),
+            # The expire step's pending jobs past their deadline, and a workflow's jobs.
+            models.Index(
+                fields=["deadline"],
+                name="pgjobs_job_pending_idx",
+                condition=Q(status=JobStatus.PENDING),
+            ),
+            models.Index(
+                fields=["workflow_id"],
+                name="pgjobs_job_workflow_idx",
+                condition=Q(workflow_id__isnull=False),
             ),
             # The admin's search by trace id or its first characters (text_pattern_ops answers
             # LIKE 'prefix%' in any collation); without it a search reads the whole history.
@@ -347,6 +368,10 @@ class Job(models.Model):
                     rate_weight__gte=1, rate_burst__gte=models.F("rate_weight"),
                     rate_burst__lte=MAX_RUNNING_LIMIT),
                 name="pgjobs_job_rate_whole",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=JobStatus.PENDING) | Q(pending_dependencies__gte=1),
+                name="pgjobs_job_pending_waits",
             ),
             models.CheckConstraint(
                 condition=Q(schedule__isnull=True, scheduled_at__isnull=True)
@@ -415,6 +440,37 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of job {self.job_id} ({self.outcome})"
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: ``job`` waits, pending, until ``upstream`` ends as ``requires``
+    asks (docs/workflows.md). Written with the dependent job, in its enqueue's transaction;
+    resolved (``upstream_status`` set) by the statement that ends the upstream job. No foreign
+    key constraints: the prune step deletes a job's edges with it, in either direction."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, db_constraint=False,
+                            related_name="dependency_edges")
+    upstream = models.ForeignKey(Job, on_delete=models.CASCADE, db_constraint=False,
+                                 db_index=False, related_name="dependent_edges")
+    requires = models.CharField(max_length=16, choices=Requires.choices)
+    # How the upstream job ended, once it did: "" until then.
+    upstream_status = models.CharField(max_length=16, blank=True, default="")
+
+    class Meta:
+        db_table = "pgjobs_dependency"
+        indexes = [
+            # The edges an ending job resolves, and the dependents a workflow page lists.
+            models.Index(fields=["upstream"], name="pgjobs_dependency_upstream_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "upstream"], name="pgjobs_dependency_once"),
+            models.CheckConstraint(condition=Q(requires__in=Requires.values),
+                                   name="pgjobs_dependency_requires_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} after job {self.upstream_id} ({self.requires})"
 
 
 class KeyLimit(models.Model):
@@ -518,7 +574,7 @@ class QueueSample(models.Model):
     sampled_at = models.DateTimeField()  # the interval's end, on the interval's grid
     queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
     ready = models.PositiveIntegerField(default=0)
-    waiting = models.PositiveIntegerField(default=0)  # scheduled, retrying or throttled
+    waiting = models.PositiveIntegerField(default=0)  # scheduled, retrying, throttled or pending
     running = models.PositiveIntegerField(default=0)
     oldest_ready_seconds = models.FloatField(null=True, blank=True)
     succeeded = models.PositiveIntegerField(default=0)

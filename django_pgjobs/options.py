@@ -58,10 +58,16 @@ class JobSpec:
     payload: Any
     options: Mapping[str, Any]
     tick: Tick | None = None
+    # The jobs this one waits for (docs/workflows.md): JobSpecs of the same enqueue_many call,
+    # saved Jobs or job ids, each alone (it must succeed) or in an ``After``.
+    after: tuple[Any, ...] = ()
 
     @classmethod
-    def of(cls, task: str | Handler, payload: Any, **options: Any) -> JobSpec:
-        return cls(task, payload, options)
+    def of(cls, task: str | Handler, payload: Any, *, after: Iterable[Any] = (),
+           **options: Any) -> JobSpec:
+        # A lone string is one wrong entry (refused by name), not a list of its characters.
+        return cls(task, payload, options,
+                   after=(after,) if isinstance(after, str | bytes) else tuple(after))
 
 
 @dataclass(frozen=True)

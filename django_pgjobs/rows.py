@@ -8,6 +8,7 @@ tick are checked per spec (``Row``).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -49,6 +50,8 @@ class Row:
     limit_key: str | None = None
     rate_weight: int | None = None
     traceparent: str | None = None
+    # A workflow's job: its count of dependencies, whether jobs depend on it, its workflow id.
+    graph: tuple[int, bool, str] | None = None
 
     # What a unique index may refuse the row for, and what the spans of its enqueue name.
     @property
@@ -93,6 +96,10 @@ class Row:
         answered["scheduled_at"] = self.scheduled_at
         answered["limit_key"] = self.limit_key
         answered["rate_weight"] = self.rate_weight
+        if self.graph is not None:
+            answered["pending_dependencies"] = self.graph[0] or None
+            answered["has_dependents"] = self.graph[1]
+            answered["workflow_id"] = uuid.UUID(self.graph[2])
         return self.combination.new_job(answered, alias)
 
 

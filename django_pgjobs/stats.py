@@ -30,7 +30,7 @@ ERROR_GROUPS_SHOWN = 20  # grouped errors, the most frequent first
 HORIZON_SHOWN = 10  # what holds the vacuum horizon back, the furthest first
 
 LIVE_STATUSES = (JobStatus.READY, JobStatus.THROTTLED, JobStatus.SCHEDULED, JobStatus.RUNNING,
-                 JobStatus.RETRYING)
+                 JobStatus.RETRYING, JobStatus.PENDING)
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class QueueStats:
     scheduled: int = 0
     running: int = 0
     retrying: int = 0
+    # Waiting for the jobs they depend on (docs/workflows.md).
+    pending: int = 0
     dead_recent: int = 0
     cancelled_recent: int = 0
     oldest_ready_age_seconds: float | None = None

@@ -9,6 +9,11 @@ from django.db import models
 
 
 class JobStatus(models.TextChoices):
+    # Waiting for jobs it depends on (docs/workflows.md): outside the claim index until the last
+    # of them ends as its edge requires. The statement that settles that dependency makes it
+    # READY (or SCHEDULED, before its run_at), or CANCELLED when an edge can no longer be met;
+    # the expire step ends it DEAD when its deadline passes first; an operator may cancel it.
+    PENDING = "pending", "pending"
     # Waiting for run_at (enqueued with a delay). The promote step moves it to READY when due;
     # an operator may cancel it.
     SCHEDULED = "scheduled", "scheduled"
@@ -38,11 +43,11 @@ class JobStatus(models.TextChoices):
 # the states above, because the admin lists them in that order.
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
 # Not running and not finished: an operator may cancel or dead-letter these.
-WAITING_STATUSES = (JobStatus.SCHEDULED, JobStatus.THROTTLED, JobStatus.READY,
-                    JobStatus.RETRYING)
+WAITING_STATUSES = (JobStatus.PENDING, JobStatus.SCHEDULED, JobStatus.THROTTLED,
+                    JobStatus.READY, JobStatus.RETRYING)
 # Not finished: a unique key (without a period) is held by a job in one of these.
-ACTIVE_STATUSES = (JobStatus.SCHEDULED, JobStatus.THROTTLED, JobStatus.READY, JobStatus.RUNNING,
-                   JobStatus.RETRYING)
+ACTIVE_STATUSES = (JobStatus.PENDING, JobStatus.SCHEDULED, JobStatus.THROTTLED, JobStatus.READY,
+                   JobStatus.RUNNING, JobStatus.RETRYING)
 # An operator may send these back to ready with a fresh attempt budget.
 RETRYABLE_STATUSES = (JobStatus.DEAD, JobStatus.CANCELLED)
 
@@ -80,6 +85,8 @@ class TerminalReason(models.TextChoices):
     UNSUPPORTED_VERSION = "unsupported_version", "unsupported payload version"
     SNOOZE_LIMIT = "snooze_limit", "snoozed too often"
     OPERATOR = "operator", "operator action"
+    # Cancelled while pending: a job it depends on ended in a way its edge does not accept.
+    DEPENDENCY = "dependency", "dependency not met"
 
 
 # --- schedules ----------------------------------------------------------------------------------
@@ -96,6 +103,14 @@ class MisfirePolicy(models.TextChoices):
 class OverlapPolicy(models.TextChoices):
     ALLOW = "allow", "allow: a tick runs even while the previous tick's job has not finished"
     SKIP = "skip", "skip: a tick is skipped while the previous tick's job waits or runs"
+
+
+class Requires(models.TextChoices):
+    """What a dependency edge asks of the job it depends on (docs/workflows.md)."""
+
+    SUCCEEDED = "succeeded", "succeeded: run only if it succeeded"
+    FINISHED = "finished", "finished: run whatever it ended as"
+    FAILED = "failed", "failed: run only if it ended dead or cancelled"
 
 
 class ScheduleSource(models.TextChoices):

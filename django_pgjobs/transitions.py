@@ -108,6 +108,61 @@ def insert_jobs(
         return _answer_names(cursor, one=False), cursor.fetchall()
 
 
+def lock_upstream_jobs(job_ids: Sequence[int], *, using: str) -> dict[int, tuple[str, Any]]:
+    """Lock the jobs new edges depend on, in id order; each one's status and workflow id."""
+    if not job_ids:
+        return {}
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("lock_upstream_jobs"), [list(job_ids)])
+        return {job_id: (status, workflow) for job_id, status, workflow in cursor.fetchall()}
+
+
+def insert_dependencies(edges: Sequence[tuple[int, int, str]], *, using: str) -> None:
+    """Write a workflow's edges (dependent, upstream, requires) and mark their upstream jobs."""
+    if not edges:
+        return
+    jobs, upstreams, requires = (list(column) for column in zip(*edges, strict=True))
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("insert_dependencies"),
+                       {"jobs": jobs, "upstreams": upstreams, "requires": requires})
+
+
+def resolve_dependencies(ended: Mapping[int, str], *, using: str) -> None:
+    """Resolve the unresolved edges on jobs that have ended (id: status), as their end would."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("resolve_dependencies"),
+                       {"ids": list(ended), "statuses": [str(s) for s in ended.values()]})
+
+
+def job_statuses(job_ids: Sequence[int], *, using: str) -> dict[int, str]:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("job_statuses"), [list(job_ids)])
+        return dict(cursor.fetchall())
+
+
+def dependency_results(job_id: int, *, using: str) -> list[tuple[Any, ...]]:
+    """(id, task, status, result, requires) of each job ``job_id`` depends on, in edge order."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("dependency_results"), [job_id])
+        return [(row[0], row[1], row[2], json.loads(row[3]) if isinstance(row[3], str)
+                 else row[3], row[4]) for row in cursor.fetchall()]
+
+
+def record_progress(job_id: int, lease_token: uuid.UUID, progress: str, *, using: str) -> bool:
+    """Write a running job's progress (JSON text) under its lease; False: the lease is gone."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("record_progress"),
+                       {"id": job_id, "token": lease_token, "progress": progress})
+        return cursor.fetchone() is not None
+
+
+def expire_pending_jobs(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> list[int]:
+    """End pending jobs whose deadline passed, dead; their ids."""
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(sql.query("expire_pending_jobs"), [limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
 def unique_key_holder(task: str, key: str, period: float | None, *, using: str) -> int | None:
     """The id of the job that holds ``task``'s unique ``key`` now (in ``period``), if any."""
     with connections[using].cursor() as cursor:
@@ -466,6 +521,13 @@ def delete_finished_jobs(
 # --- reads between claims ------------------------------------------------------------------------
 
 
+def pending_queues_with_work_running(*, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """The queues with pending jobs, while some job is ready or running that may release them."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("pending_queues_with_work_running"))
+        return [row[0] for row in cursor.fetchall()]
+
+
 def ready_queues(*, using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """The queues that have ready jobs now."""
     with connections[using].cursor() as cursor:
@@ -510,7 +572,9 @@ def retry_jobs(
     """Dead or cancelled jobs back to ready with a fresh attempt budget; receipts are kept.
 
     A job whose unique key another active job holds stays as it is: two active jobs with one
-    key are what the key forbids (the audit row lists it as ``held_elsewhere``).
+    key are what the key forbids (the audit row lists it as ``held_elsewhere``). A workflow's
+    jobs that were cancelled because a retried job had failed wait for it again, pending, down
+    the branch (the audit row counts them as ``dependents_reopened``).
     """
     ids = unique_ids(job_ids)
     with transaction.atomic(using=using):
@@ -527,11 +591,20 @@ def retry_jobs(
                 deadline=Now() + (F("deadline") - F("created_at")), updated_at=Now(),
             )
         )
+        reopened = _reopen_dependencies(eligible, using) if retried else 0
         _audit(OperatorActionKind.RETRY, actor, reason, ids, retried,
                {"before": counts_by_state(before.values()), "retried": eligible,
-                **({"held_elsewhere": sorted(held)} if held else {})}, using)
+                **({"held_elsewhere": sorted(held)} if held else {}),
+                **({"dependents_reopened": reopened} if reopened else {})}, using)
         _notify(eligible, using)
     return retried
+
+
+def _reopen_dependencies(job_ids: Sequence[int], using: str) -> int:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("reopen_dependencies"), [list(job_ids)])
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
 
 
 def run_jobs_now(

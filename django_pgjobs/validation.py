@@ -382,6 +382,8 @@ SETTING_RULES: dict[str, Rule] = {
     "QUEUES": _queues,
     "MAX_PAYLOAD_BYTES": _whole(1, 256 * 1024 * 1024),
     "MAX_PAYLOAD_DEPTH": _whole(1, 1000),
+    "MAX_DEPENDENCIES": _whole(1, 100_000),
+    "MAX_RESULT_BYTES": _whole(64 * 1024, 256 * 1024 * 1024),
     "LEASE_SECONDS": _whole(1, LEASE_MAX_SECONDS),
     "MAX_ATTEMPTS": _whole(1, MAX_ATTEMPTS_LIMIT),
     "MAX_AGE_SECONDS": _seconds(0, DURATION_MAX_SECONDS),

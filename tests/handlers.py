@@ -283,3 +283,23 @@ def rated(ctx: JobContext, payload: Any) -> None:
 def rated_provider(ctx: JobContext, payload: Any) -> None:
     if payload.get("retry_after") is not None:
         raise RateLimited(payload.get("key"), payload["retry_after"])
+
+
+@job("tests.collect")
+def collect(ctx: JobContext, payload: Any) -> Any:
+    """Return what the jobs this one depended on ended as, and their results."""
+    return [{"job_id": d.job_id, "task": d.task, "status": d.status, "result": d.result}
+            for d in ctx.dependencies()]
+
+
+@job("tests.progress")
+def progress(ctx: JobContext, payload: Any) -> Any:
+    """Report progress ``payload["steps"]`` times, as fast as it can."""
+    for step in range(1, payload["steps"] + 1):
+        ctx.progress(step, payload["steps"], f"step {step}")
+    return payload["steps"]
+
+
+@job("tests.big_result", max_attempts=3)
+def big_result(ctx: JobContext, payload: Any) -> Any:
+    return "x" * payload["size"]

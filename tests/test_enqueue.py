@@ -399,10 +399,11 @@ def test_a_spec_whose_options_repeat_is_still_checked(bad, message) -> None:
 
 def test_one_job_and_many_name_the_same_row_values() -> None:
     # insert_jobs takes a row's values by position in u(...), insert_job by name: both are
-    # rows.ROW_COLUMNS and the traceparent.
+    # rows.ROW_COLUMNS and the traceparent (and insert_jobs a workflow's three after them).
     aliases = re.search(r"AS u\(([^)]*)\)", query("insert_jobs"))
     assert aliases is not None
-    assert [n.strip() for n in aliases.group(1).split(",")] == [*ROW_COLUMNS, "traceparent"]
+    assert [n.strip() for n in aliases.group(1).split(",")] == [
+        *ROW_COLUMNS, "traceparent", "pending_dependencies", "has_dependents", "workflow_id"]
     named = re.findall(r"%\((\w+)\)s", query("insert_job"))
     assert set(named) == {*ROW_COLUMNS, "traceparent", "notify"}
 

@@ -454,12 +454,13 @@ def test_a_step_needs_a_positive_interval(interval: float) -> None:
 
 def test_default_steps_follow_the_settings() -> None:
     assert [s.name for s in default_steps(0.5)] == [
-        "promote", "rescue", "limits", "orphaned slots", "rates", "prune", "history", "schedules",
-        "aging"]
+        "promote", "rescue", "limits", "orphaned slots", "expire pending", "rates", "prune",
+        "history", "schedules", "aging"]
     with override_settings(PGJOBS_AGING_STEP=0, PGJOBS_BACKLOG_MAX_AGE_SECONDS={"a": 5}):
         steps = default_steps(0.5, queues=["a"])
-        assert [s.name for s in steps] == ["promote", "rescue", "limits", "orphaned slots", "rates",
-                                           "prune", "history", "schedules", "backlog"]
+        assert [s.name for s in steps] == ["promote", "rescue", "limits", "orphaned slots",
+                                           "expire pending", "rates", "prune", "history",
+                                           "schedules", "backlog"]
         assert steps[-1].run.queues == {"a"}  # type: ignore[attr-defined]
     with override_settings(PGJOBS_AGING_INTERVAL_SECONDS=8):
         aging = next(s for s in default_steps(0.5) if s.name == "aging")

@@ -130,10 +130,10 @@ def test_two_thousand_queues_export_the_series_of_the_cap_and_one_more_queue() -
 
     queues = {dict(labels)["queue"] for (name, labels) in samples if name == "pgjobs_jobs"}
     assert len(queues) == 51 and "*" in queues  # PGJOBS_METRICS_MAX_QUEUES = 50, and the rest
-    # Per queue: five live statuses, two recent terminal ones, the oldest age and health; no
+    # Per queue: six live statuses, two recent terminal ones, the oldest age and health; no
     # policy is set. Then the workers by state (three), the two horizon gauges and the two
     # lease gauges.
-    assert len(samples) == 51 * 9 + 3 + 2 + 2
+    assert len(samples) == 51 * 10 + 3 + 2 + 2
     assert value(samples, "pgjobs_jobs", queue="*", status="ready") == 1950
 
 

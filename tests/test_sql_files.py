@@ -17,6 +17,7 @@ WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(pgjobs_\w+)", r
 OWNERS = {
     "pgjobs_job": {"jobs.sql": "transitions.py"},
     "pgjobs_attempt": {"jobs.sql": "transitions.py"},
+    "pgjobs_dependency": {"jobs.sql": "transitions.py"},
     "pgjobs_receipt": {"receipts.sql": "receipts.py"},
     "pgjobs_schedule": {"schedules.sql": "schedules.py"},
     "pgjobs_key_slot": {"limits.sql": "transitions.py"},

@@ -315,7 +315,7 @@ def test_stats_command_json_matches_the_snapshot() -> None:
     data = json.loads(run_stats("--json"))
     assert data["queues"] == [{
         "queue": "mail", "ready": 3, "throttled": 0, "scheduled": 0, "running": 0, "retrying": 0,
-        "dead_recent": 0, "cancelled_recent": 0,
+        "pending": 0, "dead_recent": 0, "cancelled_recent": 0,
         "oldest_ready_age_seconds": data["queues"][0]["oldest_ready_age_seconds"],
         "backlog_max_age_seconds": None, "paused": False, "healthy": True,
     }]

@@ -107,8 +107,8 @@ def test_only_jobs_waiting_to_run_count_as_enqueued() -> None:
     assert [j.pk for j in testing.enqueued_jobs("tests.ok")] == [ready.pk, scheduled.pk]
     assert [j.pk for j in testing.enqueued_jobs(status="scheduled")] == [scheduled.pk]
     refute_enqueued("tests.ok", payload={"n": 3})
-    with pytest.raises(ValueError,
-                       match="status must be one of scheduled, throttled, ready, retrying"):
+    with pytest.raises(ValueError, match="status must be one of pending, scheduled, throttled, "
+                                         "ready, retrying"):
         testing.enqueued_jobs(status="cancelled")
 
 

@@ -28,7 +28,7 @@ HISTORY_QUEUES_SHOWN = 12
 # Each range's time labels: how they read and how many buckets apart.
 TIME_LABELS = {"1h": ("%H:%M", 10), "24h": ("%H:%M", 16), "7d": ("%a %H:%M", 24)}
 COUNTED_STATUSES = (JobStatus.READY, JobStatus.THROTTLED, JobStatus.SCHEDULED, JobStatus.RUNNING,
-                    JobStatus.RETRYING, JobStatus.DEAD)
+                    JobStatus.RETRYING, JobStatus.PENDING, JobStatus.DEAD)
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ def history_context(range_name: str, *, using: str = DEFAULT_DB_ALIAS,
         jobs = [
             Series("ready", "ready (peak)", column(points, lambda p: p.ready)),
             Series("running", "running (peak)", column(points, lambda p: p.running)),
-            Series("waiting", "scheduled, retrying or throttled (peak)",
+            Series("waiting", "scheduled, retrying, throttled or pending (peak)",
                    column(points, lambda p: p.waiting)),
             Series("succeeded", "succeeded per minute",
                    column(points, lambda p: p.succeeded / per_minute)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -91,6 +92,31 @@ class ScheduleFilter(admin.SimpleListFilter):
         if not str(value).isdigit() or len(str(value)) > 18:
             return queryset.none()
         return queryset.filter(schedule_id=int(str(value)))
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """The jobs of one workflow (``?workflow=<uuid>``, linked from a job's page); shown only
+    while chosen, like the schedule filter."""
+
+    title = "workflow"
+    parameter_name = "workflow"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = _uuid(self.value())
+        return [(str(value), str(value)[:8])] if value else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.value():
+            return queryset
+        value = _uuid(self.value())
+        return queryset.none() if value is None else queryset.filter(workflow_id=value)
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
 
 
 # The time filters' ranges: (query value, label, seconds back).

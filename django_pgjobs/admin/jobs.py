@@ -26,11 +26,19 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from .. import history, sql, transitions
-from ..models import Attempt, IdempotencyReceipt, Job, OperatorAction, OperatorActionKind
+from ..models import (
+    Attempt,
+    Dependency,
+    IdempotencyReceipt,
+    Job,
+    OperatorAction,
+    OperatorActionKind,
+)
 from ..registry import redactor_for
-from ..status import JobStatus, TerminalReason
+from ..status import TERMINAL_STATUSES, JobStatus, TerminalReason
 from .actions import (
     ACTION_BUTTONS,
     ACTION_MAX_JOBS,
@@ -54,7 +62,7 @@ from .display import (
     status_badge,
     time_text,
 )
-from .filters import FinishedFilter, QueueFilter, ScheduleFilter, TaskFilter
+from .filters import FinishedFilter, QueueFilter, ScheduleFilter, TaskFilter, WorkflowFilter
 
 
 def _actor(request: HttpRequest) -> transitions.Actor:
@@ -135,6 +143,9 @@ def _replay_link(job_id: int, action: OperatorAction) -> str:
 ERROR_PREVIEW_CHARS = 120
 # A job page lists at most this many of its receipts.
 RECEIPTS_SHOWN = 20
+# A workflow's tree on a job's page, and the edges listed either way: the first this many.
+WORKFLOW_JOBS_SHOWN = 200
+EDGES_SHOWN = 50
 
 
 @admin.register(Job)
@@ -144,7 +155,7 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     list_display = ("id", "task_shown", "queue", "status_shown", "attempts_used", "age",
                     "payload_preview")
     list_filter = ("status", FinishedFilter, QueueFilter, TaskFilter, "failure_class",
-                   ScheduleFilter)
+                   ScheduleFilter, WorkflowFilter)
     search_fields = ("=id", "=idempotency_key", "=trace_id")
     search_help_text = ("A job id or idempotency key, whole; the first characters of a trace id "
                         "or of task names (\"billing.\" finds every billing task).")
@@ -154,7 +165,8 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     actions = [*(operator_action(a) for a in ACTIONS.values()), "export_selected"]
     readonly_fields = ("payload_shown", "result_shown", "error_shown", "operator_history",
                        "schedule_link", "cancel_shown", "rate_shown", "receipts_shown",
-                       *TIME_FIELDS)
+                       "progress_shown", "dependencies_shown", "dependents_shown",
+                       "workflow_shown", *TIME_FIELDS)
     fieldsets = (
         (None, {"fields": ("id", "task", "queue", "status", "terminal_reason", "cancel_shown",
                            "failure_class", "priority", "base_priority")}),
@@ -175,6 +187,9 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         # docs/limits.md.
         ("Limit", {"fields": ("limit_key", "limit_max", "limit_slot", "rate_shown",
                               "rate_weight")}),
+        # docs/workflows.md: what the job waits for, what waits for it, how far it has got.
+        ("Workflow", {"fields": ("progress_shown", "pending_dependencies", "dependencies_shown",
+                                 "dependents_shown", "workflow_shown")}),
         ("Operator actions", {"fields": ("operator_history",)}),
     )
 
@@ -199,6 +214,82 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
             for pk, scope, key in receipts[:RECEIPTS_SHOWN]))
         return format_html("{}{}", items, f" and more (the first {RECEIPTS_SHOWN} shown)"
                            if more else "")
+
+    @admin.display(description="progress")
+    def progress_shown(self, job: Job) -> str:
+        progress = job.progress
+        if not isinstance(progress, dict):
+            return "-"
+        done, total = progress.get("done"), progress.get("total")
+        said = f"{done:g} of {total:g}" if isinstance(total, int | float) and isinstance(
+            done, int | float) else f"{done}"
+        message = redactor_for(job.task).text(str(progress.get("message") or ""), job.payload)
+        return format_html("{}{}", said, f": {message}" if message else "")
+
+    @admin.display(description="depends on")
+    def dependencies_shown(self, job: Job) -> str:
+        edges = (Dependency.objects.filter(job_id=job.pk).order_by("id")
+                 .values_list("upstream_id", "requires", "upstream_status")[:EDGES_SHOWN])
+        return self._edges(edges, lambda requires, ended: (
+            f"requires {requires}" + (f"; it ended {ended}" if ended else "; not ended yet")))
+
+    @admin.display(description="depended on by")
+    def dependents_shown(self, job: Job) -> str:
+        edges = (Dependency.objects.filter(upstream_id=job.pk).order_by("id")
+                 .values_list("job_id", "requires", "upstream_status")[:EDGES_SHOWN])
+        return self._edges(edges, lambda requires, ended: f"which requires {requires}")
+
+    def _edges(self, edges: Any, said: Any) -> str:
+        rows = list(edges)
+        if not rows:
+            return "-"
+        statuses = dict(Job.objects.filter(pk__in=[r[0] for r in rows])
+                        .values_list("pk", "status"))
+        return format_html_join(mark_safe("<br>"), '<a href="{}">job {}</a> {} ({})', (
+            (reverse("admin:pgjobs_job_change", args=[other]), other,
+             status_badge(statuses.get(other, "pruned")), said(requires, ended))
+            for other, requires, ended in rows))
+
+    @admin.display(description="workflow")
+    def workflow_shown(self, job: Job) -> str:
+        """The job's workflow as an indented tree: each job under the jobs it waits for."""
+        if job.workflow_id is None:
+            return "-"
+        members = {pk: (task, status) for pk, task, status in
+                   Job.objects.filter(workflow_id=job.workflow_id).order_by("id")
+                   .values_list("pk", "task", "status")[:WORKFLOW_JOBS_SHOWN]}
+        below: dict[int, list[int]] = {}
+        has_parent: set[int] = set()
+        for child, parent in Dependency.objects.filter(job_id__in=list(members)).values_list(
+                "job_id", "upstream_id"):
+            if parent in members:
+                below.setdefault(parent, []).append(child)
+                has_parent.add(child)
+        lines: list[tuple[int, int, bool]] = []
+        shown: set[int] = set()
+
+        def walk(pk: int, depth: int) -> None:
+            again = pk in shown
+            lines.append((pk, depth, again))
+            shown.add(pk)
+            if not again:
+                for child in sorted(below.get(pk, ())):
+                    walk(child, depth + 1)
+
+        for root in (pk for pk in members if pk not in has_parent):
+            walk(root, 0)
+        link = reverse("admin:pgjobs_job_changelist") + f"?workflow={job.workflow_id}"
+        tree = format_html_join("", (
+            '<div class="pgjobs-tree" style="padding-left: {}em">{}<a href="{}">job {}</a> '
+            '{} {}{}</div>'), (
+            (depth * 1.5, "└ " if depth else "", reverse("admin:pgjobs_job_change", args=[pk]),
+             pk, breakable(members[pk][0]), status_badge(members[pk][1]),
+             " (shown above)" if again else (" ← this job" if pk == job.pk else ""))
+            for pk, depth, again in lines))
+        more = len(members) >= WORKFLOW_JOBS_SHOWN
+        return format_html('{}<p><a href="{}">All jobs of workflow {}</a>{}</p>', tree, link,
+                           job.workflow_id,
+                           f" (the first {WORKFLOW_JOBS_SHOWN} shown)" if more else "")
 
     @admin.display(description="rate")
     def rate_shown(self, job: Job) -> str:
@@ -376,6 +467,7 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
     ) -> HttpResponse:
         context = {"can_view_raw_payload": self.has_raw_payload_permission(request),
                    "job_actions": self._job_actions(request, object_id),
+                   "workflow_open_ids": self._workflow_open_ids(request, object_id),
                    **(extra_context or {})}
         return super().change_view(request, object_id, form_url, context)
 
@@ -389,6 +481,18 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         return [(name, label) for name, label in ACTION_BUTTONS.items()
                 if status in ACTION_STATES[name]
                 and getattr(self, f"has_{ACTIONS[name].permission}_permission")(request)]
+
+    def _workflow_open_ids(self, request: HttpRequest, object_id: str) -> list[int]:
+        """The unfinished jobs of this job's workflow, for its *Cancel the workflow* button:
+        the list's cancel action with them selected, so the same plan, confirmation and audit."""
+        if not object_id.isdigit() or not self.has_cancel_permission(request):
+            return []
+        workflow = Job.objects.filter(pk=object_id).values_list("workflow_id", flat=True).first()
+        if workflow is None:
+            return []
+        return list(Job.objects.filter(workflow_id=workflow)
+                    .exclude(status__in=TERMINAL_STATUSES).order_by("id")
+                    .values_list("pk", flat=True)[:ACTION_MAX_JOBS])
 
     def get_urls(self) -> list[URLPattern]:
         site = self.admin_site

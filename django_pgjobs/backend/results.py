@@ -26,6 +26,7 @@ from .names import find_task
 _STATUS = {
     JobStatus.SCHEDULED: TaskResultStatus.READY,
     JobStatus.THROTTLED: TaskResultStatus.READY,  # waiting for its limit key's free slot
+    JobStatus.PENDING: TaskResultStatus.READY,  # waiting for the jobs it depends on
     JobStatus.READY: TaskResultStatus.READY,
     JobStatus.RETRYING: TaskResultStatus.READY,  # "ready to be executed again"
     JobStatus.RUNNING: TaskResultStatus.RUNNING,

@@ -25,6 +25,9 @@ WITH at AS (
     SELECT queue, 0, count(*), 0 FROM pgjobs_job
     WHERE status = 'throttled' GROUP BY queue
     UNION ALL
+    SELECT queue, 0, count(*), 0 FROM pgjobs_job
+    WHERE status = 'pending' GROUP BY queue
+    UNION ALL
     SELECT queue, 0, 0, count(*) FROM pgjobs_job
     WHERE status = 'running' GROUP BY queue
 ), finished AS (

@@ -282,7 +282,7 @@ FROM due
 
 -- name: prune_jobs
 -- Delete one bounded batch of jobs that finished in one terminal state longer ago than its
--- retention, with their attempts, in one statement (one short transaction). The terminal states
+-- retention, with their attempts and edges, in one statement (one short transaction). The terminal states
 -- are spelled out in both WHERE clauses on purpose: whatever state the caller names, a job that
 -- can still run never matches, and the DELETE repeats the test as the guard on the write itself.
 -- SKIP LOCKED leaves a row an operator is retrying at this moment alone.
@@ -300,6 +300,10 @@ WITH doomed AS (
     USING doomed
     WHERE a.job_id = doomed.id
     RETURNING a.id
+), edges AS (
+    -- A workflow's edges go with either of their jobs: both ended long since.
+    DELETE FROM pgjobs_dependency AS d
+    WHERE d.job_id IN (SELECT id FROM doomed) OR d.upstream_id IN (SELECT id FROM doomed)
 ), jobs AS (
     DELETE FROM pgjobs_job AS j
     USING doomed
@@ -318,7 +322,9 @@ SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM attempts)
 -- Its rows: what a combination of task and options gives its jobs comes as one array per
 -- column, an element per combination; each job's own values as one JSON document, a JSON array
 -- per job: its combination's number, its payload, then its schedule id, tick, traceparent,
--- limit key and weight under a rate when it has any of them. A job with a limit key is
+-- limit key and weight under a rate when it has any of them, and a workflow's job then its
+-- count of dependencies (pending while above 0), whether jobs depend on it, and its
+-- workflow's id. A job with a limit key is
 -- inserted ready and waits as throttled unless a slot of its key is free (the triggers of
 -- docs/limits.md). The jobs are inserted, and answered, in the document's order. One job alone
 -- goes through insert_job, planned faster.
@@ -328,16 +334,19 @@ WITH inserted AS (
                             idempotency_key, unique_key, unique_period_start, timeout_seconds,
                             trace_id, fairness_key, limit_key, limit_max, rate_interval,
                             rate_burst, rate_weight, schedule_id, scheduled_at, traceparent,
+                            pending_dependencies, has_dependents, workflow_id,
                             failure_class, terminal_reason, last_error, created_at, updated_at)
     SELECT t.task, t.payload_version, t.queue, t.payload::jsonb,
-           CASE WHEN t.due > now() THEN 'scheduled' ELSE 'ready' END,
+           CASE WHEN t.pending_dependencies > 0 THEN 'pending'
+                WHEN t.due > now() THEN 'scheduled' ELSE 'ready' END,
            t.priority, t.priority, t.due, 0, t.max_attempts, 0,
            now() + make_interval(secs => t.max_age_seconds), t.lease_seconds,
            t.idempotency_key, t.unique_key,
            to_timestamp(floor(extract(epoch FROM now()) / t.unique_period) * t.unique_period),
            t.timeout_seconds, t.trace_id, t.fairness_key, t.limit_key, t.limit_max,
            t.rate_interval, t.rate_burst, t.rate_weight, t.schedule_id, t.scheduled_at,
-           t.traceparent, '', '', '', now(), now()
+           t.traceparent, t.pending_dependencies, COALESCE(t.has_dependents, false),
+           t.workflow_id, '', '', '', now(), now()
     FROM (
         SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay_seconds)) AS due
         FROM (
@@ -346,7 +355,8 @@ WITH inserted AS (
                    c.idempotency_key, c.unique_key, c.unique_period, c.timeout_seconds,
                    c.trace_id, c.fairness_key, c.limit_max, c.rate_interval, c.rate_burst,
                    (j.value ->> 2)::bigint, (j.value ->> 3)::timestamptz, j.value ->> 5,
-                   (j.value ->> 6)::int, j.value ->> 4
+                   (j.value ->> 6)::int, j.value ->> 4, (j.value ->> 7)::int,
+                   (j.value ->> 8)::boolean, (j.value ->> 9)::uuid
             FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS j(value, place)
             JOIN unnest(%s::text[], %s::int[], %s::text[], %s::int[], %s::timestamptz[],
                         %s::float8[], %s::int[], %s::float8[], %s::int[], %s::text[],
@@ -363,7 +373,7 @@ WITH inserted AS (
                max_attempts, max_age_seconds, lease_seconds, idempotency_key, unique_key,
                unique_period, timeout_seconds, trace_id, fairness_key, limit_max,
                rate_interval, rate_burst, schedule_id, scheduled_at, limit_key, rate_weight,
-               traceparent)
+               traceparent, pending_dependencies, has_dependents, workflow_id)
     ) AS t
     -- Any unique index: the idempotency key's, the unique key's (while active, per period), the
     -- schedule tick's.
@@ -417,7 +427,78 @@ SELECT id FROM pgjobs_job
 WHERE task = %(task)s AND unique_key = %(key)s
   AND CASE WHEN %(period)s::float8 IS NULL
            THEN unique_period_start IS NULL
-                AND status IN ('scheduled', 'throttled', 'ready', 'running', 'retrying')
+                AND status IN ('pending', 'scheduled', 'throttled', 'ready', 'running',
+                               'retrying')
            ELSE unique_period_start = to_timestamp(
                     floor(extract(epoch FROM now()) / %(period)s::float8) * %(period)s::float8)
       END
+
+-- name: lock_upstream_jobs
+-- The jobs that new edges depend on, locked in id order until the enqueuing transaction ends:
+-- a settlement of one of them waits, and then finds the new edges committed; one that ended
+-- before shows here as ended, and the edges are resolved at once (resolve_dependencies).
+SELECT id, status, workflow_id FROM pgjobs_job
+WHERE id = ANY(%s::bigint[])
+ORDER BY id
+FOR NO KEY UPDATE
+
+-- name: insert_dependencies
+-- A workflow's edges, and the mark on each job they depend on that has none yet: its end then
+-- looks for its dependents (the trigger pgjobs_dependency_ended).
+WITH edges AS (
+    INSERT INTO pgjobs_dependency (job_id, upstream_id, requires, upstream_status)
+    SELECT e.job_id, e.upstream_id, e.requires, ''
+    FROM unnest(%(jobs)s::bigint[], %(upstreams)s::bigint[], %(requires)s::text[])
+         AS e(job_id, upstream_id, requires)
+), marked AS (
+    UPDATE pgjobs_job SET has_dependents = true
+    WHERE id = ANY(%(upstreams)s::bigint[]) AND NOT has_dependents
+)
+SELECT 1
+
+-- name: resolve_dependencies
+-- Edges whose job had already ended when they were written: resolved now, as its settlement
+-- would have; the answer is each dependent's status after that.
+SELECT pgjobs_dependencies_resolve(%(ids)s::bigint[], %(statuses)s::text[])
+
+-- name: job_statuses
+SELECT id, status FROM pgjobs_job WHERE id = ANY(%s::bigint[])
+
+-- name: dependency_results
+-- What a running job's handler reads of the jobs it depends on: each one's task, how it ended
+-- and its result, in the order the edges were written.
+SELECT d.upstream_id, j.task, j.status, j.result, d.requires
+FROM pgjobs_dependency AS d
+JOIN pgjobs_job AS j ON j.id = d.upstream_id
+WHERE d.job_id = %s
+ORDER BY d.id
+
+-- name: record_progress
+-- A handler's progress, written only while its attempt still holds the lease.
+UPDATE pgjobs_job
+SET progress = %(progress)s::jsonb
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+RETURNING id
+
+-- name: expire_pending_jobs
+-- Pending jobs whose deadline passed before their dependencies ended: dead, with the reason.
+-- Their own dependents are resolved by the trigger, as for any job that ends.
+WITH expired AS (
+    SELECT id FROM pgjobs_job
+    WHERE status = 'pending' AND deadline < now()
+    ORDER BY deadline
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgjobs_job AS j
+SET status = 'dead', terminal_reason = 'deadline_passed',
+    last_error = 'its deadline passed while it waited for the jobs it depends on',
+    finished_at = clock_timestamp(), updated_at = now()
+FROM expired
+WHERE j.id = expired.id
+RETURNING j.id
+
+-- name: reopen_dependencies
+-- After an operator's retry: the retried jobs' dependents that their end had cancelled wait
+-- for them again, down the branch (pgjobs_dependencies_reopen, migration 0014).
+SELECT pgjobs_dependencies_reopen(%s::bigint[])

@@ -24,3 +24,10 @@ WHERE id = ANY(%s::bigint[]) AND status = 'running' AND cancel_requested_at IS N
 
 -- name: db_now
 SELECT now()
+
+-- name: pending_queues_with_work_running
+-- The queues whose pending jobs may still be released by work under way: a burst worker waits
+-- for them while any job is ready or running (in any queue: a dependency may be in another).
+SELECT DISTINCT queue FROM pgjobs_job
+WHERE status = 'pending'
+  AND EXISTS (SELECT 1 FROM pgjobs_job WHERE status IN ('ready', 'running'))

@@ -21,7 +21,8 @@ SELECT s.id, s.name, s.task, s.cron, s.timezone, s.payload, s.queue, s.priority,
        s.overlap = 'skip' AND EXISTS (
            SELECT 1 FROM pgjobs_job AS j
            WHERE j.id = s.last_job_id
-             AND j.status IN ('scheduled', 'throttled', 'ready', 'running', 'retrying')
+             AND j.status IN ('pending', 'scheduled', 'throttled', 'ready', 'running',
+                              'retrying')
        ) AS previous_busy,
        COALESCE(%(now)s::timestamptz, now()) AS db_now
 FROM pgjobs_schedule AS s, hold

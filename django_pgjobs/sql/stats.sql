@@ -17,6 +17,10 @@ SELECT queue, status, count(*) FROM pgjobs_job
 WHERE status IN ('scheduled', 'retrying')
 GROUP BY queue, status
 UNION ALL
+SELECT queue, 'pending', count(*) FROM pgjobs_job
+WHERE status = 'pending'
+GROUP BY queue
+UNION ALL
 SELECT queue, status, count(*) FROM pgjobs_job
 WHERE status IN ('dead', 'cancelled') AND finished_at >= now() - make_interval(secs => %s)
 GROUP BY queue, status

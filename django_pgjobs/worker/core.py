@@ -38,7 +38,13 @@ from ..maintenance import RATES_STEP, Step, default_steps
 from ..notify import Listener
 from ..outcomes import Outcome
 from ..status import AttemptOutcome
-from ..transitions import claim_jobs, promote_due_jobs, ready_queues, settle_and_claim
+from ..transitions import (
+    claim_jobs,
+    pending_queues_with_work_running,
+    promote_due_jobs,
+    ready_queues,
+    settle_and_claim,
+)
 from ..validation import (
     escape_control,
     poll_interval_problem,
@@ -504,6 +510,9 @@ class Worker:
         if promote_due_jobs(settings.PROMOTE_BATCH, using=self.using):
             return True
         ready = set(ready_queues(using=self.using))
+        if not ready:
+            # A workflow's pending jobs, which jobs running now will release: wait for them.
+            ready = set(pending_queues_with_work_running(using=self.using))
         return bool(ready if self.queues is None else ready.intersection(self.queues))
 
     def _idle(self, generation: int) -> None:

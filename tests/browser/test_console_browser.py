@@ -37,6 +37,7 @@ VIEWS = {
     "jobs": "job/",
     "dead": "job/?status__exact=dead",
     "job": "job/{job}/change/",
+    "workflow job": "job/{workflow}/change/",
     "workers": "workerprocess/",
     "queues": "queuestate/",
     "schedules": "schedule/",
@@ -113,7 +114,19 @@ def console_data() -> dict[str, int]:
         QueueSample(sampled_at=at - timedelta(minutes=m), queue="default", ready=m % 3,
                     succeeded=m % 5) for m in range(0, 120)
     ])
-    return {"job": waiting.pk, "schedule": schedule.pk}
+    # A workflow: a chain whose middle reports progress, and a chord of six behind it.
+    from django_pgjobs import JobSpec, chain, chord, enqueue_many
+
+    head, middle, *_ = flow = enqueue_many([
+        *chain(JobSpec.of("demo.noop", {"step": "extract"}),
+               JobSpec.of("demo.noop", {"step": "transform"})),
+        *chord([JobSpec.of("demo.noop", {"part": n}) for n in range(6)],
+               JobSpec.of("demo.noop", {"step": "publish"})),
+    ])
+    Job.objects.filter(pk=middle.pk).update(
+        progress={"done": 412, "total": 1000, "message": "transforming rows"})
+    assert len(flow) == 9 and head.status == "ready"
+    return {"job": waiting.pk, "schedule": schedule.pk, "workflow": middle.pk}
 
 
 def page_problems(page: Page, *, whole_tables: bool) -> list[str]:

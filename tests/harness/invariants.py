@@ -16,7 +16,7 @@ from typing import Any
 from django.utils import timezone
 
 from django_pgjobs.conf import settings
-from django_pgjobs.models import Attempt, Job, Schedule
+from django_pgjobs.models import Attempt, Dependency, Job, Schedule
 from django_pgjobs.status import (
     AttemptOutcome,
     FailureClass,
@@ -162,7 +162,7 @@ def every_job_ended(snap: Snapshot, record: RunRecord) -> Check:
             counts["waiting"] += 1
         else:
             problems.append(f"job {job.pk} ({job.task}) is {job.status}, due {job.run_at}")
-    tracked = (record.bulk_keys + record.limited_keys + record.later_keys
+    tracked = (record.bulk_keys + record.limited_keys + record.later_keys + record.workflow_keys
                + record.flood.ordinary_keys
                + record.flood.flood_keys + record.flood.poison_keys
                + [t.key for t in record.targets] + list(record.replays.calls)
@@ -827,6 +827,77 @@ def rates_never_exceeded(snap: Snapshot) -> tuple[Check, dict[str, Any]]:
                              "starts": {k: len(v) for k, v in sorted(starts.items())}}
 
 
+def _met(requires: str, status: str) -> bool:
+    if requires == "finished":
+        return status in TERMINAL
+    if requires == "succeeded":
+        return status == JobStatus.SUCCEEDED
+    return status in (JobStatus.DEAD, JobStatus.CANCELLED)
+
+
+def dependents_waited(snap: Snapshot, record: RunRecord) -> tuple[Check, dict[str, Any]]:
+    """No job started before every job it depends on had ended as its edge requires; one
+    cancelled for a dependency had an edge that could no longer be met."""
+    problems = []
+    edges: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for job_id, upstream, requires in Dependency.objects.values_list(
+            "job_id", "upstream_id", "requires"):
+        edges[job_id].append((upstream, requires))
+    started = cancelled = 0
+    for job_id, ups in edges.items():
+        job = snap.jobs.get(job_id)
+        if job is None:
+            problems.append(f"edges of job {job_id}, which does not exist")
+            continue
+        claims = [a.claimed_at for a in snap.attempts.get(job_id, [])]
+        if claims:
+            started += 1
+            first = min(claims)
+            for upstream, requires in ups:
+                up = snap.jobs[upstream]
+                if not _met(requires, up.status) or up.finished_at is None:
+                    problems.append(f"job {job_id} started though job {upstream} is {up.status} "
+                                    f"(its edge requires {requires})")
+                elif first < up.finished_at:
+                    problems.append(f"job {job_id} started at {first}, before job {upstream} "
+                                    f"ended at {up.finished_at}")
+        elif job.terminal_reason == TerminalReason.DEPENDENCY:
+            cancelled += 1
+            if all(_met(r, snap.jobs[u].status) for u, r in ups):
+                problems.append(f"job {job_id} was cancelled for a dependency, but every edge "
+                                "was met")
+    summary = (f"{len(edges)} jobs with dependencies ({sum(map(len, edges.values()))} edges): "
+               f"{started} started after their dependencies, {cancelled} cancelled for one")
+    if record.workflow_keys and started == 0:
+        problems.append("no job with dependencies started: the check checked nothing")
+    return _check("no dependent started before its dependencies ended as its edges require",
+                  problems, summary), {"dependents": len(edges), "started": started,
+                                       "cancelled": cancelled}
+
+
+def callbacks_once(snap: Snapshot, record: RunRecord) -> Check:
+    """Every chord's callback exists once, ended, and its receipted effect happened once."""
+    problems = []
+    ran = 0
+    for key in record.callback_keys:
+        job = snap.by_key.get(key)
+        if job is None:
+            problems.append(f"callback {key} was never enqueued")
+            continue
+        effects = snap.receipted_effects[key]
+        if job.status == JobStatus.SUCCEEDED:
+            ran += 1
+            if effects != 1:
+                problems.append(f"callback {key} ({job.pk}) ran its effect {effects} times")
+        elif job.terminal_reason != TerminalReason.DEPENDENCY:
+            problems.append(f"callback {key} ({job.pk}) is {job.status}, not succeeded or "
+                            "cancelled for a dependency")
+    if record.callback_keys and ran == 0:
+        problems.append("no callback ran: the check checked nothing")
+    return _check("every fan-in callback ran exactly once", problems,
+                  f"{len(record.callback_keys)} chord callbacks, {ran} ran, each effect once")
+
+
 def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dict[str, Any]]:
     """Run every check; return them and the run's figures."""
     snap = Snapshot.load()
@@ -836,6 +907,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
     history, kept_beside = attempt_history_kept(snap)
     limits, limit_figures = limits_never_exceeded(snap)
     rates, rate_figures = rates_never_exceeded(snap)
+    waited, workflow_figures = dependents_waited(snap, record)
     checks = [
         every_job_ended(snap, record),
         leases_never_overlap(snap),
@@ -859,6 +931,8 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         skip_schedule_runs_one_job_at_a_time(snap),
         limits,
         rates,
+        waited,
+        callbacks_once(snap, record),
     ]
     statuses = Counter(j.status for j in snap.jobs.values())
     outcomes = Counter(a.outcome for rows in snap.attempts.values() for a in rows)
@@ -900,6 +974,7 @@ def check_all(record: RunRecord, lease_seconds: float) -> tuple[list[Check], dic
         "flood": flood_figures,
         "limits": limit_figures,
         "rates": rate_figures,
+        "workflows": workflow_figures,
         "replayed_enqueues": sum(len(v) for v in record.replays.calls.values()),
         "targets": {t.key: target_observed(snap, t) for t in record.targets},
         "wall_seconds": record.wall_seconds,

@@ -138,6 +138,9 @@ class RunRecord:
     bulk_keys: list[str] = field(default_factory=list)
     limited_keys: list[str] = field(default_factory=list)
     later_keys: list[str] = field(default_factory=list)
+    # Workflows' jobs, and of them the chords' callbacks.
+    workflow_keys: list[str] = field(default_factory=list)
+    callback_keys: list[str] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)
     shutdown_codes: dict[str, int | None] = field(default_factory=dict)
     drained: bool = False

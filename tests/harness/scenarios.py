@@ -19,6 +19,7 @@ from django_pgjobs.conf import settings
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job, Schedule
 from django_pgjobs.status import AttemptOutcome, JobStatus
+from django_pgjobs.workflows import After
 from testproject.chaos.models import Effect, Run
 from tests.harness import db
 from tests.harness.pool import Member, WorkerPool
@@ -103,7 +104,7 @@ class Feeder(threading.Thread):
     def run(self) -> None:
         try:
             step = 0.25
-            n = 0
+            n = step_no = 0
             while not self.halt.is_set() and n < self.limit:
                 size = min(max(1, round(self.rate * step)), self.limit - n)
                 keys = [f"bulk:{i}" for i in range(n, n + size)]
@@ -126,7 +127,15 @@ class Feeder(threading.Thread):
                                              "work_seconds": self.rng.uniform(0.05, 0.3)},
                                      idempotency_key=key) for key in rated]
                 limited += rated
+                # Every other step, a chord of three (its callback receipted) and a chain of
+                # three, in the same call: workflows among the jobs the faults hit.
+                workflow: list[str] = []
+                if step_no % 2 == 0:
+                    specs += self.workflow(step_no, workflow)
                 db.retrying(lambda specs=specs: django_pgjobs.enqueue_many(specs))
+                self.record.workflow_keys.extend(workflow)
+                self.record.callback_keys.extend(k for k in workflow if k.startswith("wf:cb:"))
+                step_no += 1
                 self.record.bulk_keys.extend(keys)
                 self.record.limited_keys.extend(limited)
                 n += size
@@ -135,6 +144,23 @@ class Feeder(threading.Thread):
             self.error = exc
         finally:
             db.reconnect()
+
+    def workflow(self, n: int, keys: list[str]) -> list[JobSpec]:
+        """A chord of three effect jobs whose callback is receipted, and a chain of three, each
+        job under an idempotency key (a retried enqueue dedupes, workflow and all)."""
+
+        def spec(task: str, key: str, after: list[Any] | None = None) -> JobSpec:
+            keys.append(key)
+            return JobSpec.of(task, {"key": key, "work_seconds": self.rng.uniform(0.02, 0.2)},
+                              idempotency_key=key, after=after or [])
+
+        members = [spec(PLAIN if m % 2 else RECEIPTED, f"wf:chord:{n}:{m}") for m in range(3)]
+        callback = spec(RECEIPTED, f"wf:cb:{n}", members)
+        links = [spec(PLAIN, f"wf:chain:{n}:0")]
+        for s in (1, 2):
+            links.append(spec(RECEIPTED if s == 2 else PLAIN, f"wf:chain:{n}:{s}",
+                              [After(links[-1], "finished")]))
+        return [*members, callback, *links]
 
 
 # Two expressions an edit switches between: every second, every two seconds.

@@ -66,10 +66,11 @@ class Command(BaseCommand):
         window_min = stats.LATENCY_WINDOW_SECONDS // 60
         out = ["Queues"]
         out += _table(
-            ["queue", "ready", "throttled", "scheduled", "running", "retrying",
+            ["queue", "ready", "throttled", "scheduled", "running", "retrying", "pending",
              f"dead {recent_h}h",
              f"cancelled {recent_h}h", "oldest ready s", "policy s", "backlog", "state"],
-            [[q.queue, q.ready, q.throttled, q.scheduled, q.running, q.retrying, q.dead_recent,
+            [[q.queue, q.ready, q.throttled, q.scheduled, q.running, q.retrying, q.pending,
+              q.dead_recent,
               q.cancelled_recent, q.oldest_ready_age_seconds, q.backlog_max_age_seconds,
               "ok" if q.healthy else "UNHEALTHY", "PAUSED" if q.paused else "running"]
              for q in snap.queues],
