@@ -84,10 +84,11 @@ chaos: $(STAMP)
 	$(PY) -m tests.harness $(CHAOS_ARGS)
 
 # The failover harness: a private primary and a streaming standby (pg_basebackup -R), workers
-# on a host list with target_session_attrs=read-write, the primary crashed mid-drain and the
-# standby promoted; under synchronous then asynchronous replication. Fails if an invariant of
-# the synchronous run broke; reports what the asynchronous run lost.
-#   make failover FAILOVER_ARGS="--mode sync --seconds 20 --keep"
+# on a host list with target_session_attrs=read-write, the standby promoted mid-drain after the
+# primary was crashed under synchronous replication (sync), crashed after a forced second of
+# replication lag (async), or turned read-only under its workers (readonly); --mode all, the
+# default, runs the three. Fails if an enforced check broke; reports what the async run lost.
+#   make failover FAILOVER_ARGS="--mode readonly --seconds 20 --keep"
 FAILOVER_ARGS ?=
 
 failover: $(STAMP)

@@ -65,6 +65,12 @@ class Listener(threading.Thread):
         self.listening = threading.Event()
         self.reconnects = 0
         self._halt = threading.Event()
+        self._check_now = threading.Event()
+
+    def check_server(self) -> None:
+        """Ping now rather than at the next ``PING_SECONDS``: the worker's own connection met a
+        read-only server (a failover), and this one is most likely on the same."""
+        self._check_now.set()
 
     def stop(self, timeout: float = 2.0) -> None:
         self._halt.set()
@@ -106,7 +112,8 @@ class Listener(threading.Thread):
                     if self.noticed is not None:
                         self.noticed(note.payload)
                     self.wake()
-            if time.monotonic() - pinged >= PING_SECONDS:
+            if self._check_now.is_set() or time.monotonic() - pinged >= PING_SECONDS:
+                self._check_now.clear()
                 row = conn.execute(sql.query("listener_ping")).fetchone()
                 if row is not None and row[0]:
                     raise ReadOnlyServer("listening on a read-only server (a standby, or a "

@@ -10,9 +10,10 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg
 from django.db import DatabaseError, connections
 
-from .. import redaction
+from .. import redaction, sql
 
 
 def refresh_connection(using: str) -> None:
@@ -75,11 +76,31 @@ def database_error_text(exc: BaseException) -> str:
     Those parts quote the data that failed (a jsonb cast's CONTEXT echoes the JSON, results and
     all), which must not reach a log; ``redaction.database_error_text`` keeps what went wrong.
     """
-    cause = redaction.database_cause(exc)
-    if cause is not None and cause.sqlstate == READ_ONLY_SQLSTATE:
+    if is_read_only_error(exc):
         return READ_ONLY_TEXT
     text = redaction.database_error_text(exc)
     return one_line(exc) if text is None else one_line(Exception(text))
+
+
+def refuse_read_only_server(using: str) -> None:
+    """Raise the read-only refusal a write would meet when ``using``'s server takes no writes.
+
+    A worker that only reads (an idle one lists the queues with ready jobs) would otherwise stay
+    on the old primary after a failover, finding nothing there for ever.
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(sql.query("listener_ping"))
+        row = cursor.fetchone()
+    if row is not None and row[0]:
+        with connection.wrap_database_errors:
+            raise psycopg.errors.ReadOnlySqlTransaction(
+                "the server is read-only (a standby, or a primary demoted by a failover)")
+
+
+def is_read_only_error(exc: BaseException) -> bool:
+    cause = redaction.database_cause(exc)
+    return cause is not None and cause.sqlstate == READ_ONLY_SQLSTATE
 
 
 # A write refused because the server is read-only: a standby, or the old primary after a

@@ -57,7 +57,7 @@ from .connections import (
     Outage,
     database_error_text,
     database_target,
-    one_line,
+    is_read_only_error,
     refresh_connection,
     reset_connection,
 )
@@ -311,10 +311,12 @@ class Worker:
         """
         self.counters.add_database_error()
         down_for = self.outage.failed()
+        if is_read_only_error(exc) and self._listener is not None:
+            self._listener.check_server()
         logger.warning(
             "worker.database_error worker=%s during=%s database=%s failing_for=%.1fs "
             "retry_in=%.1fs error=%s", self.worker_id, what, database_target(self.using),
-            down_for, retry_in, one_line(exc),
+            down_for, retry_in, database_error_text(exc),
         )
         limit = float(settings.BURST_UNREACHABLE_SECONDS)
         if not self.burst or down_for < limit:

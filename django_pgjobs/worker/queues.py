@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..transitions import ready_queues
+from .connections import refuse_read_only_server
 
 # How long the list of queues with ready jobs is trusted by a worker that serves every queue.
 QUEUE_REFRESH_SECONDS = 1.0
@@ -72,6 +73,11 @@ class QueueRotation:
             if now - self._read_at > QUEUE_REFRESH_SECONDS:
                 self._known = ready_queues(using=self.using)
                 self._read_at = now
+                if not self._known:
+                    # Nothing anywhere, or a read-only server (the old primary after a
+                    # failover) where nothing will ever be: the latter is refused, and the
+                    # worker reconnects.
+                    refuse_read_only_server(self.using)
             queues = schedule = self._known
         if not queues:
             return []
