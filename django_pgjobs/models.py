@@ -227,7 +227,7 @@ class Job(models.Model):
     # it depends on have not yet ended as its edges require; and whether any job depends on it
     # (only then does its end look for dependents: the trigger's WHEN tests this column).
     workflow_id = models.UUIDField(null=True, blank=True)
-    pending_dependencies = models.PositiveIntegerField(null=True, blank=True)
+    pending_dependencies = models.IntegerField(null=True, blank=True)
     has_dependents = models.BooleanField(default=False, db_default=False)
     # The handler's last ctx.progress(): {"done": n, "total": n or null, "message": "..."},
     # written under its lease at most once a second.
