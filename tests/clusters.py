@@ -4,6 +4,7 @@ binaries, in a temporary directory, on Unix sockets only, deleted at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from django.db import connections
 
 from tests.harness.server import PrivateServer
 
@@ -99,3 +101,18 @@ def restart_with(server: PrivateServer, settings: dict[str, str]) -> None:
             [shown] = conn.execute("SELECT current_setting(%s)", [name]).fetchone() or [None]
             if shown != value:
                 raise RuntimeError(f"{name} is {shown!r} after the restart, not {value!r}")
+
+
+def add_alias(alias: str, entry: dict[str, Any]) -> None:
+    """A database alias made at run time, connected at once: a test allows only the databases
+    it declares, and these servers exist only while its module runs."""
+    connections.settings[alias] = entry
+    connections[alias].connect()
+
+
+def drop_alias(alias: str) -> None:
+    if alias in connections:
+        connections[alias].close()
+    connections.settings.pop(alias, None)
+    with contextlib.suppress(AttributeError):
+        delattr(connections._connections, alias)

@@ -8,7 +8,6 @@ others see the primary alone."""
 
 from __future__ import annotations
 
-import contextlib
 import re
 import tempfile
 import time
@@ -21,13 +20,12 @@ from typing import Any
 import psycopg
 import pytest
 from django.core.management import call_command
-from django.db import connections
 from django.test import override_settings
 
 from django_pgjobs import stats
 from django_pgjobs.admin.dashboard import health
 from django_pgjobs.checks import check_database
-from tests.clusters import Standby, restart_with, server_settings
+from tests.clusters import Standby, add_alias, drop_alias, restart_with, server_settings
 from tests.conftest import wait_for
 from tests.harness.server import PrivateServer
 
@@ -83,21 +81,6 @@ class Cluster:
             Path(tempfile.mkdtemp(prefix="standby-", dir=self.work)),
             settings=settings,
         )
-
-
-def add_alias(alias: str, entry: dict[str, Any]) -> None:
-    """A database alias made at run time: a test allows only the databases it declares, and
-    this server exists only while the module runs."""
-    connections.settings[alias] = entry
-    connections[alias].connect()
-
-
-def drop_alias(alias: str) -> None:
-    if alias in connections:
-        connections[alias].close()
-    connections.settings.pop(alias, None)
-    with contextlib.suppress(AttributeError):
-        delattr(connections._connections, alias)
 
 
 @pytest.fixture(scope="module")

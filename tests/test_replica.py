@@ -4,7 +4,6 @@ primary-and-standby setup."""
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,27 +19,12 @@ from django.test import override_settings
 from django_pgjobs import stats
 from django_pgjobs.checks import check_database, check_hosts, host_messages, replica_messages
 from django_pgjobs.workers import Heartbeat
-from tests.clusters import Standby, server_settings
+from tests.clusters import Standby, add_alias, drop_alias, server_settings
 from tests.harness.server import PrivateServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(databases=["default"])]
 
 PRIMARY, REPLICA = "pgjobs_primary", "pgjobs_replica"
-
-
-def add_alias(alias: str, entry: dict[str, Any]) -> None:
-    """A database alias made at run time, connected at once: a test allows only the databases
-    it declares, and these servers exist only while the module runs."""
-    connections.settings[alias] = entry
-    connections[alias].connect()
-
-
-def drop_alias(alias: str) -> None:
-    if alias in connections:
-        connections[alias].close()
-    connections.settings.pop(alias, None)
-    with contextlib.suppress(AttributeError):
-        delattr(connections._connections, alias)
 
 
 @pytest.fixture(scope="module")
