@@ -82,6 +82,17 @@ SELECT 'charge', 'order:' || g, NULL, '{"ok": true}'::jsonb, now(),
 FROM generate_series(1, %(receipts)s) AS g
 """
 
+# A tenth of the finished jobs waited for the job before them (chains of workflows), their
+# edges resolved long since: the prune deletes them with either job.
+_EDGES = """
+INSERT INTO pgjobs_dependency (job_id, upstream_id, requires, upstream_status)
+SELECT j.id, u.id, 'finished', u.status
+FROM pgjobs_job AS j
+JOIN pgjobs_job AS u ON u.id = j.id - 1
+WHERE j.id % 10 = 0 AND j.status IN ('succeeded', 'dead', 'cancelled')
+"""
+
+
 def build_history(
     cursor: Any,
     *,
@@ -106,9 +117,10 @@ def build_history(
     cursor.execute(_LIVE, params)
     cursor.execute(_ATTEMPTS)
     cursor.execute(_RECEIPTS, params)
-    for table in ("pgjobs_job", "pgjobs_attempt", "pgjobs_receipt"):
+    cursor.execute(_EDGES)
+    for table in ("pgjobs_job", "pgjobs_attempt", "pgjobs_receipt", "pgjobs_dependency"):
         cursor.execute(f"ANALYZE {table}")
 
 
 def clear_history(cursor: Any) -> None:
-    cursor.execute("TRUNCATE pgjobs_attempt, pgjobs_receipt, pgjobs_job")
+    cursor.execute("TRUNCATE pgjobs_attempt, pgjobs_receipt, pgjobs_dependency, pgjobs_job")

@@ -300,10 +300,16 @@ WITH doomed AS (
     USING doomed
     WHERE a.job_id = doomed.id
     RETURNING a.id
-), edges AS (
-    -- A workflow's edges go with either of their jobs: both ended long since.
+), edges_in AS (
+    -- A workflow's edges go with either of their jobs (both ended long since), each way
+    -- through its own index.
     DELETE FROM pgjobs_dependency AS d
-    WHERE d.job_id IN (SELECT id FROM doomed) OR d.upstream_id IN (SELECT id FROM doomed)
+    USING doomed
+    WHERE d.job_id = doomed.id
+), edges_out AS (
+    DELETE FROM pgjobs_dependency AS d
+    USING doomed
+    WHERE d.upstream_id = doomed.id
 ), jobs AS (
     DELETE FROM pgjobs_job AS j
     USING doomed

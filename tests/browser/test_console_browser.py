@@ -227,7 +227,7 @@ def test_the_history_charts_each_queue_on_a_log_scale_in_utc(
     caption = page.locator("figure", has=mail).locator("figcaption")
     expect(caption).to_contain_text("log scale, UTC")
     expect(caption.locator("li")).to_have_text([
-        "ready (peak)", "running (peak)", "scheduled, retrying or throttled (peak)",
+        "ready (peak)", "running (peak)", "scheduled, retrying, throttled or pending (peak)",
         "succeeded per minute", "failed attempts per minute"])
     page.click("#pgjobs-history-ranges a:text('last 7d')")
     expect(page.locator("#pgjobs-history-ranges strong")).to_have_text("last 7d")
