@@ -158,6 +158,10 @@ class Drain:
     tuples_written_per_job: float
     server_cpu_us_per_job: float | None  # the whole server's CPU, when it is on this machine
     commits_elsewhere: int  # in the server's other databases while this one drained
+    # From spawning the workers until the table first showed nothing outstanding: start-up,
+    # the ramp and the stragglers included (None when the drain did not complete).
+    end_to_end_seconds: float | None = None
+    end_to_end_jobs_per_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -307,13 +311,17 @@ def drain(
     python_workers: bool = True,
     startup_cpu_seconds: float = 0.0,
     env: dict[str, str] | None = None,
+    exits_when_empty: bool = True,
 ) -> Drain:
     """Start ``commands`` against ``jobs`` preloaded jobs and time the steady state.
 
     The rate is taken between 5% and 95% done, so process start-up and the last stragglers are
-    left out for every system alike; "done" is read from the system's own table. The CPU a
-    worker spends starting and stopping (``startup_cpu_seconds``, see ``startup_cpu``) is taken
-    off its CPU per job. Around the drain the server's counters are read (``ServerWork``).
+    left out for every system alike; "done" is read from the system's own table. Beside it, the
+    end-to-end time runs from spawning the workers until the table first shows nothing
+    outstanding. The CPU a worker spends starting and stopping (``startup_cpu_seconds``, see
+    ``startup_cpu``) is taken off its CPU per job. Around the drain the server's counters are
+    read (``ServerWork``). Workers with no burst mode (``exits_when_empty`` false) are stopped
+    as soon as nothing is outstanding, rather than waited for.
     """
     execute(database, "VACUUM ANALYZE")
     # After a checkpoint the first change to each page writes the whole page to the WAL; one
@@ -321,7 +329,7 @@ def drain(
     execute(database, "CHECKPOINT")
     before, _ = ServerWork.settled(database)
     low, high = jobs * 0.05, jobs * 0.95
-    t_low = t_high = None
+    t_low = t_high = t_done = None
     done_low = done_high = polls = 0
     start = time.monotonic()
     workers = Workers.start(commands, child_env(database, **(env or {})), log)
@@ -340,8 +348,10 @@ def drain(
                 t_low, done_low = now, done
             if t_high is None and done >= high:
                 t_high, done_high = now, done
+            if t_done is None and done >= jobs:
+                t_done = now
             all_exited = workers.reap()
-            if (done >= jobs and all_exited) or now - start > timeout:
+            if (done >= jobs and (all_exited or not exits_when_empty)) or now - start > timeout:
                 break
             if done >= jobs and now - (t_high or now) > 30:
                 break  # a worker that does not exit on an empty queue: stop it below
@@ -371,16 +381,26 @@ def drain(
         complete=done >= jobs,
         load_average=os.getloadavg()[0],
         **work,
+        end_to_end_seconds=t_done - start if t_done is not None else None,
+        end_to_end_jobs_per_s=jobs / (t_done - start) if t_done is not None else None,
     )
 
 
 def startup_cpu(
-    database: str, command: Sequence[str], log: Path, env: dict[str, str], timeout: float = 60
+    database: str, command: Sequence[str], log: Path, env: dict[str, str], timeout: float = 60,
+    ready_sql: str = "",
 ) -> float:
-    """CPU seconds one worker spends starting and stopping on an empty queue (burst mode)."""
+    """CPU seconds one worker spends starting and stopping on an empty queue (burst mode).
+
+    A worker with no burst mode is stopped once ``ready_sql`` counts a row for it (and it has
+    had a moment to start polling); its shutdown is then counted as well.
+    """
     workers = Workers.start([command], child_env(database, **env), log)
     deadline = time.monotonic() + timeout
     while not workers.reap() and time.monotonic() < deadline:
+        if ready_sql and execute(database, ready_sql)[0][0] > 0:
+            time.sleep(0.5)
+            break
         time.sleep(0.05)
     workers.stop()
     return next(iter(workers.finished.values())).cpu_seconds

@@ -15,6 +15,7 @@ CLIENTS = {
     "django-tasks-db": "bench.clients.django_tasks_db",
     "procrastinate": "bench.clients.procrastinate",
     "pgqueuer": "bench.clients.pgqueuer",
+    "chancy": "bench.clients.chancy",
 }
 DJANGO_SYSTEMS = {"pgjobs", "django-tasks-db"}
 

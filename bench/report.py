@@ -12,7 +12,7 @@ from typing import Any
 from bench.clients.timing import AUTOCOMMIT
 
 HEADLINE = (4, 1, 10)  # pgjobs processes, threads, batch compared with the peers
-PEERS = ("pgqueuer", "procrastinate", "django-tasks-db")
+PEERS = ("pgqueuer", "procrastinate", "django-tasks-db", "chancy")
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -71,6 +71,14 @@ def _drain_targets(
     return rows
 
 
+def _ratio_row(name: str, head: dict[str, Any], row: dict[str, Any]) -> list[str]:
+    """pgjobs's headline ÷ ``row``, in the steady state and end to end."""
+    ours, theirs = head.get("end_to_end_jobs_per_s"), row.get("end_to_end_jobs_per_s")
+    return [name, f"{row['jobs']:,}", _fmt(head["jobs_per_s"] / row["jobs_per_s"], 2),
+            _fmt(row.get("end_to_end_seconds"), 2),
+            _fmt(ours / theirs, 2) if ours and theirs else "n/a"]
+
+
 def headline_drain(drain: list[dict[str, Any]]) -> dict[str, Any] | None:
     for row in drain:
         if row["system"] == "pgjobs" and (row["processes"], row["concurrency"],
@@ -104,7 +112,7 @@ def render(results: dict[str, Any]) -> str:
         single = {name: rate for name, rate in single.items() if not name.endswith(AUTOCOMMIT)}
         rows = []
         for name in ("pgjobs", "pgjobs (server-side binding)", "orm_create", "orm_bulk_create",
-                     "django-tasks-db", "procrastinate", "pgqueuer", "floor"):
+                     "django-tasks-db", "procrastinate", "pgqueuer", "chancy", "floor"):
             if name in single or name in auto or name in bulk:
                 rows.append([name, _fmt(single.get(name)), _fmt(auto.get(name)),
                              _fmt(bulk.get(name)), _ratio(single, "pgjobs", name),
@@ -135,30 +143,43 @@ def render(results: dict[str, Any]) -> str:
                 f = floor_for(drain, r["processes"] * r["concurrency"], r["batch"])
                 base = _fmt(r["jobs_per_s"] / f["jobs_per_s"], 2) if f else ""
             rows.append([r["system"], str(r["processes"]), str(r["concurrency"]), str(r["batch"]),
-                         _fmt(r["jobs_per_s"]), base, _fmt(r["cpu_us_per_job"]),
+                         f"{r['jobs']:,}", _fmt(r["jobs_per_s"]), base,
+                         _fmt(r.get("end_to_end_seconds"), 2),
+                         _fmt(r.get("end_to_end_jobs_per_s")), _fmt(r["cpu_us_per_job"]),
                          _fmt(r.get("server_cpu_us_per_job")),
                          _fmt(r["max_rss_mb"], 1), _fmt(r.get("wal_bytes_per_job")),
                          _fmt(r.get("transactions_per_job"), 2),
                          _fmt(r.get("tuples_written_per_job"), 1),
                          "" if r["complete"] else "incomplete"])
-        out += ["", "Drain (no-op jobs, steady state between 5% and 95% done; server work per "
-                "job over the whole drain, from PostgreSQL's counters)",
-                _table(["system", "processes", "threads", "batch", "jobs/s", "÷ floor",
+        out += ["", "Drain (no-op jobs, steady state between 5% and 95% done; end to end from "
+                "spawning the workers until nothing is outstanding, start-up included; server "
+                "work per job over the whole drain, from PostgreSQL's counters)",
+                _table(["system", "processes", "threads", "batch", "jobs", "jobs/s", "÷ floor",
+                        "end-to-end s", "end-to-end jobs/s",
                         "worker CPU µs/job", "server CPU µs/job", "worker RSS MB",
                         "WAL bytes/job", "xacts/job",
                         "tuples/job", ""], rows)]
+        workers: dict[str, str] = {}
+        for r in drain:  # the first shape of each: the others change only the flags above
+            if r.get("worker"):
+                workers.setdefault(r["system"], r["worker"])
+        if workers:
+            out += ["", "Drain workers (each system's first shape above; each run by its own "
+                    "command, with these settings)",
+                    *(f"- {name}: {worker}" for name, worker in workers.items())]
         head = headline_drain(drain)
         if head:
-            ratios = []
+            ratios = [_ratio_row("pgjobs", head, head)]
             for r in drain:
                 if r["system"] not in ("pgjobs", "pgbench floor"):
-                    ratios.append([r["system"], _fmt(head["jobs_per_s"] / r["jobs_per_s"], 2)])
+                    ratios.append(_ratio_row(r["system"], head, r))
             f = floor_for(drain, HEADLINE[0] * HEADLINE[1], HEADLINE[2])
             if f:
-                ratios.append(["pgbench floor (same shape)",
-                               _fmt(head["jobs_per_s"] / f["jobs_per_s"], 2)])
-            out += ["", "pgjobs drain (4 processes, batch 10) ÷ each", _table(["vs", "ratio"],
-                                                                              ratios)]
+                ratios.append(_ratio_row("pgbench floor (same shape)", head, f))
+            out += ["", "pgjobs drain (4 processes, batch 10) ÷ each: steady state (5% to 95%) "
+                    "and end to end (start-up included; it weighs more the fewer the jobs)",
+                    _table(["vs", "jobs", "steady ratio", "end-to-end s", "end-to-end ratio"],
+                           ratios)]
             pgq = next((r for r in drain if r["system"] == "pgqueuer"), None)
             if pgq:
                 targets += _drain_targets(head, pgq, drain)

@@ -8,6 +8,7 @@ Results also go to bench/results/latest.json; the chart of a full run to docs/be
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -22,8 +23,10 @@ from typing import Any
 
 from bench import floor, harness, report
 from bench.clients.timing import AUTOCOMMIT
+from bench.peers.chancy_app import CONCURRENCY as CHANCY_FETCH
 from bench.systems import (
     ALL,
+    CHANCY,
     DJANGO_TASKS_DB,
     FLOOR_DATABASE,
     PGJOBS,
@@ -55,7 +58,7 @@ class Sizes:
 
 QUICK = Sizes(300, 4000, 2000, 10000, 1000, 10, (10_000, 50_000), 50, 120, 1)
 FULL = Sizes(2000, 40000, 20000, 100000, 8000, 100, (10_000, 100_000, 1_000_000), 200, 300, 3)
-ENQUEUERS = [PGJOBS, PGJOBS_SERVER_BINDING, DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER]
+ENQUEUERS = [PGJOBS, PGJOBS_SERVER_BINDING, DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER, CHANCY]
 
 # (processes, executor threads per process, claim batch); the first is the headline.
 PGJOBS_DRAINS = [(4, 1, 10), (1, 1, 10), (2, 1, 10), (4, 2, 10), (4, 1, 1), (4, 1, 50)]
@@ -122,15 +125,19 @@ def _drain_system(
     log_path = RESULTS / "logs" / f"drain-{system.client}.log"
     command = system.worker_command(burst=True, concurrency=concurrency, batch=batch)
     harness.measure(system.client, "reset", system.database)
-    startup = harness.startup_cpu(system.database, command, log_path, system.env)
+    startup = harness.startup_cpu(system.database, command, log_path, system.env,
+                                  ready_sql=system.ready_sql)
+    if not system.exits_when_empty:  # the rows of the worker stopped there (Chancy's workers)
+        harness.measure(system.client, "reset", system.database)
     harness.measure(system.client, "preload", system.database, n=jobs)
     result = harness.drain(
         system.database, system.remaining_sql, jobs, [command] * processes, log_path,
         timeout=sizes.drain_timeout, startup_cpu_seconds=startup, env=system.env,
+        exits_when_empty=system.exits_when_empty,
     )
     harness.measure(system.client, "reset", system.database)
     return {"system": system.name, "processes": processes, "concurrency": concurrency,
-            "batch": batch, **result.as_dict()}
+            "batch": batch, "worker": system.describe(command), **result.as_dict()}
 
 
 def _drain_floor(jobs: int, clients: int, batch: int, sizes: Sizes) -> dict[str, Any]:
@@ -146,6 +153,8 @@ def _drain_floor(jobs: int, clients: int, batch: int, sizes: Sizes) -> dict[str,
     )
     floor.reset(FLOOR_DATABASE)
     return {"system": "pgbench floor", "processes": clients, "concurrency": 1, "batch": batch,
+            "worker": f"pgbench -M prepared -f bench/floor/claim_settle.sql -c {clients} "
+                      f"-D batch={batch}",
             **result.as_dict()}
 
 
@@ -179,6 +188,10 @@ def run_drain(sizes: Sizes) -> list[dict[str, Any]]:
             continue
         log(f"drain: pgbench floor {clients} clients, batch {batch}")
         rows.append(_drain_floor(sizes.floor_jobs, clients, batch, sizes))
+    # Chancy drains as many jobs as the headline. It has no batch size: its fetches take up to
+    # its queue's concurrency (bench/peers/chancy_app.py), which its row shows as the batch.
+    log(f"drain: {CHANCY.name} {p} processes")
+    rows.append(_drain_system(CHANCY, sizes.drain_jobs, p, 1, CHANCY_FETCH, sizes))
     for peer in (PROCRASTINATE, DJANGO_TASKS_DB):
         log(f"drain: {peer.name} 4 processes")
         rows.append(_drain_system(peer, sizes.slow_peer_jobs, 4, 1, 1, sizes))
@@ -236,7 +249,7 @@ def machine() -> dict[str, Any]:
                 if line.startswith("model name")), platform.processor())
     packages = {}
     for name in ("django", "django-pgjobs", "django-tasks-db", "procrastinate", "pgqueuer",
-                 "psycopg", "asyncpg"):
+                 "chancy", "psycopg", "asyncpg"):
         try:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -255,8 +268,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the runner")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--output", type=Path, default=RESULTS / "latest.json")
+    parser.add_argument("--drain-jobs", type=int, metavar="N",
+                        help="jobs per drain at the headline size: pgjobs at every shape, "
+                             "PgQueuer and Chancy (default 20,000, 2,000 with --quick); the "
+                             "floor at batch 10 and over and the two slow peers keep theirs")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
+    if args.drain_jobs:
+        sizes = dataclasses.replace(sizes, drain_jobs=args.drain_jobs)
     started = time.monotonic()
     results: dict[str, Any] = {"quick": args.quick, "machine": machine(), "sizes": sizes.__dict__,
                                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

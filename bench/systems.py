@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench import harness
+
+# Chancy's own command-line entry point, installed beside this interpreter.
+CHANCY_CLI = os.path.join(os.path.dirname(harness.PYTHON), "chancy")
 
 
 @dataclass(frozen=True)
@@ -15,6 +20,12 @@ class System:
     # Which client and worker: the name, unless this is a variant of another system.
     kind: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    # A worker that never exits on an empty queue (no burst mode) is stopped once the table
+    # shows nothing outstanding; ``ready_sql`` counts a row once one has started.
+    exits_when_empty: bool = True
+    ready_sql: str = ""
+    # Settings a worker takes from elsewhere than its command line, stated in the output.
+    settings: str = ""
 
     @property
     def client(self) -> str:
@@ -37,7 +48,18 @@ class System:
         if self.client == "pgqueuer":
             return [py, "-m", "bench.peers.pgqueuer_peer", "--dsn", harness.dsn(self.database),
                     "--batch-size", str(batch), *(["--burst"] if burst else [])]
+        if self.client == "chancy":
+            # Its queue's concurrency, executor and polling live in the database (see
+            # bench/peers/chancy_app.py); it has no burst mode, so ``burst`` changes nothing.
+            return [CHANCY_CLI, "--app", "bench.peers.chancy_app.app", "worker", "start"]
         raise ValueError(f"no worker for {self.name}")
+
+    def describe(self, command: Sequence[str]) -> str:
+        """``command`` as the output shows it: programs by name, the database's URL left out."""
+        names = {harness.PYTHON: "python", harness.MANAGE: "bench/manage.py",
+                 CHANCY_CLI: "chancy", harness.dsn(self.database): "<its database>"}
+        text = " ".join(names.get(arg, arg) for arg in command)
+        return f"{text}; {self.settings}" if self.settings else text
 
 
 PGJOBS = System(
@@ -71,7 +93,26 @@ PROCRASTINATE = System(
     "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
 )
 PGQUEUER = System("pgqueuer", "bench_pgq", "SELECT count(*) FROM pgqueuer")
+
+
+def chancy_settings() -> str:
+    """Its queue's settings (bench/peers/chancy_app.py); none where Chancy is not installed,
+    for the benches that import this module without measuring it."""
+    try:
+        from bench.peers.chancy_app import SETTINGS
+    except ImportError:
+        return ""
+    return SETTINGS
+
+
+# A job stays 'running' until its worker's next batch of updates (one a second) records it.
+CHANCY = System(
+    "chancy", "bench_chancy",
+    "SELECT count(*) FROM chancy_jobs WHERE state IN ('pending', 'retrying', 'running')",
+    exits_when_empty=False, ready_sql="SELECT count(*) FROM chancy_workers",
+    settings=chancy_settings(),
+)
 FLOOR_DATABASE = "bench_floor"
 
-PEERS = [DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER]
+PEERS = [DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER, CHANCY]
 ALL = [PGJOBS, *PEERS]
