@@ -448,3 +448,17 @@ def test_a_result_larger_than_the_bound_fails_the_job_as_permanent(settings: Any
     assert small.status == "succeeded" and len(small.result) == 60 * 1024
     assert (big.status, big.failure_class, big.attempts) == ("dead", "permanent", 1)
     assert "more than PGJOBS_MAX_RESULT_BYTES (65536)" in big.last_error
+
+
+def test_a_released_job_of_a_full_limit_key_waits_throttled_for_its_slot() -> None:
+    holder = django_pgjobs.enqueue("tests.capped", {"n": 0})
+    [running] = claim_jobs("w", "default", 1)
+    assert running.id == holder.pk  # it holds the key's one slot
+    first = ok(1)
+    jobs = django_pgjobs.enqueue_many([first, JobSpec.of("tests.capped", {"n": 1},
+                                                         after=[first])])
+    [claimed] = claim_jobs("w", "default", 1)
+    settle([succeeded(claimed)])
+    assert statuses(jobs) == ["succeeded", "throttled"]
+    settle([succeeded(running)])  # the slot is freed and handed to it
+    assert statuses(jobs) == ["succeeded", "ready"]
