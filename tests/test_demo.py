@@ -44,6 +44,9 @@ def test_the_demo_drains_its_workload_and_leaves_two_admin_users(monkeypatch) ->
     # The exports ran under their limit of one per customer, and all of them finished.
     assert ("exports: 60 of 60 done for 3 customers under a limit of 1 per customer; most of one "
             "customer's running at once: 1") in summary
+    # Its workflows ran through the kill: every callback, and no job before its dependencies.
+    assert ("workflows: 5 chords of 10 (callbacks run: 5) and 10 chains of 4; 80 edges waited "
+            "on, 0 of them started before their dependency ended") in summary
     assert "run `make admin`, then open http://127.0.0.1:8000/admin/pgjobs/job/" in summary
 
     charge = Job.objects.filter(task="demo.charge").first()

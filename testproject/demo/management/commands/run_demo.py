@@ -18,8 +18,9 @@ from django.db.models import Count
 
 import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
-from django_pgjobs.models import Attempt, IdempotencyReceipt, Job
+from django_pgjobs.models import Attempt, Dependency, IdempotencyReceipt, Job
 from django_pgjobs.status import TERMINAL_STATUSES, AttemptOutcome, JobStatus
+from django_pgjobs.workflows import chain, chord
 from testproject.demo.models import LedgerEntry, Order
 
 MANAGE = Path(__file__).resolve().parents[3] / "manage.py"
@@ -30,6 +31,9 @@ ADMIN_URL = "http://127.0.0.1:8000/admin/pgjobs/job/"
 DASHBOARD_URL = "http://127.0.0.1:8000/admin/pgjobs/job/dashboard/"
 # Export jobs of three customers, at most one of a customer's at once (demo.export's Limit).
 EXPORTS = 60
+# Workflows (docs/workflows.md): chords of render jobs, each with a publishing callback, and
+# chains of steps, each step after the one before.
+CHORDS, CHORD_WIDTH, CHAINS, CHAIN_LENGTH = 5, 10, 10, 4
 
 
 class Command(BaseCommand):
@@ -77,7 +81,8 @@ class Command(BaseCommand):
         with connection.cursor() as cursor:
             cursor.execute(
                 "TRUNCATE pgjobs_attempt, pgjobs_job, pgjobs_receipt, pgjobs_key_slot, "
-                "pgjobs_key_limit, demo_ledgerentry, demo_order RESTART IDENTITY"
+                "pgjobs_key_limit, pgjobs_dependency, demo_ledgerentry, demo_order "
+                "RESTART IDENTITY"
             )
 
     def _enqueue(self, total: int) -> int:
@@ -119,6 +124,15 @@ class Command(BaseCommand):
         mix += [JobSpec.of("demo.export", {"customer": f"customer-{i % 3}", "seconds": 0.02})
                 for i in range(EXPORTS)]
         django_pgjobs.enqueue_many(mix)
+        # Each workflow in one call: its jobs and edges commit together.
+        for c in range(CHORDS):
+            django_pgjobs.enqueue_many(chord(
+                [JobSpec.of("demo.work", {"n": f"render-{c}-{m}", "sleep": 0.01})
+                 for m in range(CHORD_WIDTH)],
+                JobSpec.of("demo.noop", {"publish": c})))
+        for c in range(CHAINS):
+            django_pgjobs.enqueue_many(chain(*(JobSpec.of("demo.noop", {"chain": c, "step": s})
+                                               for s in range(CHAIN_LENGTH))))
         return Job.objects.count()
 
     def _drain(self, workers: int, concurrency: int, timeout: float) -> int:
@@ -197,8 +211,28 @@ class Command(BaseCommand):
         done = Job.objects.filter(task="demo.export", status=JobStatus.SUCCEEDED).count()
         out(f"exports: {done} of {EXPORTS} done for {len(windows)} customers under a limit of 1 "
             f"per customer; most of one customer's running at once: {most}")
+        out(self._workflows())
         if self._unfinished():
             out(f"NOT FINISHED: {self._unfinished()} jobs still waiting")
+
+    def _workflows(self) -> str:
+        """How the workflows went: every job that waited started only after its dependencies
+        had ended (first claim against their finish, both by the database clock)."""
+        early = 0
+        waited = 0
+        for job_id, upstream_finished in Dependency.objects.values_list(
+                "job_id", "upstream__finished_at"):
+            first = (Attempt.objects.filter(job_id=job_id).order_by("claimed_at")
+                     .values_list("claimed_at", flat=True).first())
+            if first is None:
+                continue
+            waited += 1
+            early += upstream_finished is None or first < upstream_finished
+        callbacks = Job.objects.filter(task="demo.noop", payload__has_key="publish",
+                                       status=JobStatus.SUCCEEDED).count()
+        return (f"workflows: {CHORDS} chords of {CHORD_WIDTH} (callbacks run: {callbacks}) and "
+                f"{CHAINS} chains of {CHAIN_LENGTH}; {waited} edges waited on, {early} of them "
+                "started before their dependency ended")
 
 
 def at_once(spans: list[tuple[Any, Any]]) -> int:
