@@ -172,6 +172,9 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
                            "failure_class", "priority", "base_priority")}),
         ("Payload (redacted)", {"fields": ("payload_shown", "payload_version", "result_shown")}),
         ("Last error (redacted)", {"fields": ("error_shown",)}),
+        # docs/workflows.md: what the job waits for, what waits for it, how far it has got.
+        ("Workflow", {"fields": ("progress_shown", "pending_dependencies", "dependencies_shown",
+                                 "dependents_shown", "workflow_shown")}),
         ("Attempts and times", {"fields": ("attempts", "max_attempts", "snoozes", "run_at_shown",
                                            "deadline_shown", "created_at_shown",
                                            "started_at_shown", "finished_at_shown",
@@ -187,9 +190,6 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         # docs/limits.md.
         ("Limit", {"fields": ("limit_key", "limit_max", "limit_slot", "rate_shown",
                               "rate_weight")}),
-        # docs/workflows.md: what the job waits for, what waits for it, how far it has got.
-        ("Workflow", {"fields": ("progress_shown", "pending_dependencies", "dependencies_shown",
-                                 "dependents_shown", "workflow_shown")}),
         ("Operator actions", {"fields": ("operator_history",)}),
     )
 
