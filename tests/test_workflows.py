@@ -462,3 +462,25 @@ def test_a_released_job_of_a_full_limit_key_waits_throttled_for_its_slot() -> No
     assert statuses(jobs) == ["succeeded", "throttled"]
     settle([succeeded(running)])  # the slot is freed and handed to it
     assert statuses(jobs) == ["succeeded", "ready"]
+
+
+def test_the_prune_deletes_a_workflows_edges_with_either_of_their_jobs() -> None:
+    from datetime import timedelta
+
+    from django_pgjobs.transitions import delete_finished_jobs
+
+    failing = JobSpec.of("tests.permanent", {})
+    jobs = django_pgjobs.enqueue_many([*chain(ok(1), ok(2)), failing, ok(3, after=[failing])])
+    drain()
+    assert statuses(jobs) == ["succeeded", "succeeded", "dead", "cancelled"]
+    assert Dependency.objects.count() == 2
+    Job.objects.update(finished_at=Job.objects.get(pk=jobs[0].pk).created_at
+                       - timedelta(days=30))
+    # Only the succeeded ones go: the edge between them goes with them; the dead job and the
+    # job cancelled for it stay, and so does their edge.
+    assert delete_finished_jobs("succeeded", 60, 100) == (2, 2)
+    assert list(Dependency.objects.values_list("job_id", "upstream_id")) == [
+        (jobs[3].pk, jobs[2].pk)]
+    # A dead upstream pruned alone takes the edge with it; the dependent stays as it ended.
+    assert delete_finished_jobs("dead", 60, 100)[0] == 1
+    assert not Dependency.objects.exists()
