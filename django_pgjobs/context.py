@@ -39,6 +39,9 @@ class JobContext:
         self._cancelled = False
         self._timed_out = False
         self._progress_written_at = -math.inf
+        # The latest progress a call within the second left unwritten: written when the
+        # handler returns (flush_progress), so the job's last word is the handler's last.
+        self.progress_unwritten: str | None = None
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -157,7 +160,8 @@ class JobContext:
 
         Written under the lease (a worker that lost it changes nothing; ``lease_lost`` turns
         True), at most once per second: calls in between are dropped, so call it as often as is
-        convenient. ``ValueError`` for a negative, infinite or NaN count or a long message.
+        convenient: the last of them is written when the handler ends. ``ValueError`` for a
+        negative, infinite or NaN count or a long message.
         """
         for name, value in (("done", done), ("total", total)):
             if value is None and name == "total":
@@ -168,11 +172,23 @@ class JobContext:
         if not isinstance(message, str) or len(message) > PROGRESS_MESSAGE_MAX_LENGTH:
             raise ValueError(f"progress message must be a string of at most "
                              f"{PROGRESS_MESSAGE_MAX_LENGTH} characters")
-        now = time.monotonic()
-        if self._lease_lost or now - self._progress_written_at < PROGRESS_WRITE_SECONDS:
+        if self._lease_lost:
             return
-        self._progress_written_at = now
         document = json.dumps({"done": done, "total": total, "message": message})
+        if time.monotonic() - self._progress_written_at < PROGRESS_WRITE_SECONDS:
+            self.progress_unwritten = document
+            return
+        self._write_progress(document)
+
+    def flush_progress(self) -> None:
+        """Write the progress the last calls left unwritten, if any (the executor calls this
+        when the handler returns or raises)."""
+        if self.progress_unwritten is not None and not self._lease_lost:
+            self._write_progress(self.progress_unwritten)
+
+    def _write_progress(self, document: str) -> None:
+        self._progress_written_at = time.monotonic()
+        self.progress_unwritten = None
         if not record_progress(self.job.id, self.job.lease_token, document, using=self.using):
             self._lease_lost = True
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import logging
 import time
 import traceback
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import DatabaseError
 
 from .claimed import ClaimedJob
 from .conf import settings
@@ -34,6 +36,8 @@ from .tracing import traced_async_attempt, traced_attempt
 
 ERROR_MAX_CHARS = 4000
 TRACEBACK_MAX_CHARS = 32000
+
+logger = logging.getLogger("django_pgjobs.executor")
 
 
 @traced_attempt  # an OpenTelemetry span around the attempt, when tracing is on
@@ -53,7 +57,9 @@ def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
             # thread's connection and in its transaction (a test's).
             result = async_to_sync(_awaited)(result)
     except BaseException as exc:  # a handler's failure is data, never the worker's crash
+        _flush_progress(ctx)
         return _raised(job, handler, started, exc)
+    _flush_progress(ctx)
     return _returned(job, started, result)
 
 
@@ -71,8 +77,24 @@ async def aexecute(job: ClaimedJob, ctx: JobContext) -> Outcome:
         if inspect.isawaitable(result):
             result = await result
     except BaseException as exc:
+        if ctx.progress_unwritten is not None:
+            await sync_to_async(_flush_progress, thread_sensitive=True)(ctx)
         return _raised(job, handler, started, exc)
+    if ctx.progress_unwritten is not None:
+        await sync_to_async(_flush_progress, thread_sensitive=True)(ctx)
     return _returned(job, started, result)
+
+
+def _flush_progress(ctx: JobContext) -> None:
+    """The handler's last progress, if a call within the second left it unwritten. A database
+    error here is the handler's progress lost, never its outcome."""
+    if ctx.progress_unwritten is None:
+        return
+    try:
+        ctx.flush_progress()
+    except DatabaseError as exc:
+        ctx.progress_unwritten = None
+        logger.warning("job.progress_lost id=%s: %s", ctx.job.id, type(exc).__name__)
 
 # A result's JSON shorter than this many characters is at most four times as many bytes, under
 # the smallest PGJOBS_MAX_RESULT_BYTES allowed: the setting is read only for longer ones.

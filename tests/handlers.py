@@ -303,3 +303,11 @@ def progress(ctx: JobContext, payload: Any) -> Any:
 @job("tests.big_result", max_attempts=3)
 def big_result(ctx: JobContext, payload: Any) -> Any:
     return "x" * payload["size"]
+
+
+@job("tests.aprogress")
+async def aprogress(ctx: JobContext, payload: Any) -> Any:
+    """Report progress ``payload["steps"]`` times from an async handler."""
+    for step in range(1, payload["steps"] + 1):
+        await ctx.aprogress(step, payload["steps"])
+    return payload["steps"]

@@ -225,9 +225,10 @@ def test_progress_is_written_under_the_lease_at_most_once_a_second() -> None:
         drain()
     job.refresh_from_db()
     assert job.status == "succeeded"
-    # The first call writes; the other 499 come within the same second and are dropped.
-    assert job.progress == {"done": 1, "total": 500, "message": "step 1"}
-    assert _writes == [1]
+    # The first call writes; the other 499 come within the same second and are held back, and
+    # the last of them is written when the handler returns: two writes, the last word kept.
+    assert job.progress == {"done": 500, "total": 500, "message": "step 500"}
+    assert _writes == [2]
 
 
 _writes: list[int] = []
@@ -484,3 +485,10 @@ def test_the_prune_deletes_a_workflows_edges_with_either_of_their_jobs() -> None
     # A dead upstream pruned alone takes the edge with it; the dependent stays as it ended.
     assert delete_finished_jobs("dead", 60, 100)[0] == 1
     assert not Dependency.objects.exists()
+
+
+def test_an_async_handlers_last_progress_is_kept_too() -> None:
+    job = django_pgjobs.enqueue("tests.aprogress", {"steps": 50})
+    drain()
+    job.refresh_from_db()
+    assert (job.status, job.progress) == ("succeeded", {"done": 50, "total": 50, "message": ""})
