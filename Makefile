@@ -112,6 +112,17 @@ failover: $(STAMP)
 BENCH_VENV ?= .venv-bench
 BENCH_PY := $(BENCH_VENV)/bin/python
 BENCH_STAMP := $(BENCH_VENV)/.installed
+# Oban for Python needs Python 3.12 or newer, and the bench virtualenv is the project's 3.11: its
+# worker command and its client run from a virtualenv of their own (bench/requirements-oban.txt),
+# made with the first Python 3.12+ among pyenv's versions, else python3.13 or python3.12 on the
+# PATH (as .ci/run finds one); PYTHON_OBAN=/path/to/python3.12 to choose. The runner stays on
+# the bench virtualenv's Python and starts Oban's processes with this one's (BENCH_OBAN_VENV).
+BENCH_OBAN_VENV ?= .venv-bench-oban
+BENCH_OBAN_PY := $(BENCH_OBAN_VENV)/bin/python
+BENCH_OBAN_STAMP := $(BENCH_OBAN_VENV)/.installed
+PYTHON_OBAN ?= $(shell root=$$(pyenv root 2>/dev/null || echo "$$HOME/.pyenv"); \
+	ls -d "$$root"/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -V | head -n 1 | grep . \
+	|| command -v python3.13 || command -v python3.12)
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 REMOTE_ARGS ?=
@@ -122,8 +133,16 @@ $(BENCH_STAMP): pyproject.toml bench/requirements.txt
 	$(BENCH_PY) -m pip install --quiet -e '.[dev]' -r bench/requirements.txt
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
-	$(BENCH_PY) -m bench.run $(BENCH_ARGS)
+$(BENCH_OBAN_STAMP): bench/requirements-oban.txt
+	@test -n "$(PYTHON_OBAN)" || { echo "Oban for Python needs Python 3.12 or newer and none" \
+		"was found: install one, or name it with PYTHON_OBAN=/path/to/python3.12" >&2; exit 1; }
+	$(PYTHON_OBAN) -m venv $(BENCH_OBAN_VENV)
+	$(BENCH_OBAN_PY) -m pip install --quiet --upgrade pip
+	$(BENCH_OBAN_PY) -m pip install --quiet -r bench/requirements-oban.txt
+	touch $(BENCH_OBAN_STAMP)
+
+bench: $(BENCH_STAMP) $(BENCH_OBAN_STAMP)
+	BENCH_OBAN_VENV=$(BENCH_OBAN_VENV) $(BENCH_PY) -m bench.run $(BENCH_ARGS)
 
 soak: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.soak $(SOAK_ARGS)

@@ -19,11 +19,12 @@ import matplotlib.pyplot as plt
 from bench.harness import ROOT
 
 _COLORS = {"pgjobs": "#1f6f4a", "pgbench floor": "#9aa0a6", "pgqueuer": "#d97706",
-           "procrastinate": "#7c3aed", "django-tasks-db": "#2563eb", "chancy": "#db2777"}
+           "procrastinate": "#7c3aed", "django-tasks-db": "#2563eb", "chancy": "#db2777",
+           "oban": "#0891b2"}
 
 
-_ORDER = ["pgjobs", "pgjobs (server-side binding)", "pgqueuer", "chancy", "procrastinate",
-          "django-tasks-db", "pgbench floor"]
+_ORDER = ["pgjobs", "pgjobs (server-side binding)", "pgqueuer", "chancy", "oban",
+          "procrastinate", "django-tasks-db", "pgbench floor"]
 _SHORT = {"pgjobs (server-side binding)": "pgjobs server-bound"}
 
 

@@ -68,11 +68,15 @@ def measure(
     database: str,
     timeout: float = 900,
     env: dict[str, str] | None = None,
+    python: str = PYTHON,
     **kwargs: Any,
 ) -> Any:
-    """Run ``bench.measure <system> <action>`` in a child process and return its JSON answer."""
+    """Run ``bench.measure <system> <action>`` in a child process and return its JSON answer.
+
+    ``python`` runs it: this interpreter unless the system's client needs another one.
+    """
     completed = subprocess.run(
-        [PYTHON, "-m", "bench.measure", system, action, json.dumps(kwargs)],
+        [python, "-m", "bench.measure", system, action, json.dumps(kwargs)],
         env=child_env(database, **(env or {})), cwd=ROOT, capture_output=True, text=True,
         timeout=timeout,
     )

@@ -16,6 +16,8 @@ CLIENTS = {
     "procrastinate": "bench.clients.procrastinate",
     "pgqueuer": "bench.clients.pgqueuer",
     "chancy": "bench.clients.chancy",
+    # Run by the Oban virtualenv's interpreter (Python 3.12+), never the runner's.
+    "oban": "bench.clients.oban",
 }
 DJANGO_SYSTEMS = {"pgjobs", "django-tasks-db"}
 

@@ -12,7 +12,7 @@ from typing import Any
 from bench.clients.timing import AUTOCOMMIT
 
 HEADLINE = (4, 1, 10)  # pgjobs processes, threads, batch compared with the peers
-PEERS = ("pgqueuer", "procrastinate", "django-tasks-db", "chancy")
+PEERS = ("pgqueuer", "procrastinate", "django-tasks-db", "chancy", "oban")
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -112,7 +112,8 @@ def render(results: dict[str, Any]) -> str:
         single = {name: rate for name, rate in single.items() if not name.endswith(AUTOCOMMIT)}
         rows = []
         for name in ("pgjobs", "pgjobs (server-side binding)", "orm_create", "orm_bulk_create",
-                     "django-tasks-db", "procrastinate", "pgqueuer", "chancy", "floor"):
+                     "django-tasks-db", "procrastinate", "pgqueuer", "chancy", "oban",
+                     "floor"):
             if name in single or name in auto or name in bulk:
                 rows.append([name, _fmt(single.get(name)), _fmt(auto.get(name)),
                              _fmt(bulk.get(name)), _ratio(single, "pgjobs", name),

@@ -29,6 +29,8 @@ from bench.systems import (
     CHANCY,
     DJANGO_TASKS_DB,
     FLOOR_DATABASE,
+    OBAN,
+    OBAN_LIMIT,
     PGJOBS,
     PGJOBS_CLAIM_APART,
     PGJOBS_CLAIM_NO_PAUSE,
@@ -58,7 +60,8 @@ class Sizes:
 
 QUICK = Sizes(300, 4000, 2000, 10000, 1000, 10, (10_000, 50_000), 50, 120, 1)
 FULL = Sizes(2000, 40000, 20000, 100000, 8000, 100, (10_000, 100_000, 1_000_000), 200, 300, 3)
-ENQUEUERS = [PGJOBS, PGJOBS_SERVER_BINDING, DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER, CHANCY]
+ENQUEUERS = [PGJOBS, PGJOBS_SERVER_BINDING, DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER, CHANCY,
+             OBAN]
 
 # (processes, executor threads per process, claim batch); the first is the headline.
 PGJOBS_DRAINS = [(4, 1, 10), (1, 1, 10), (2, 1, 10), (4, 2, 10), (4, 1, 1), (4, 1, 50)]
@@ -74,7 +77,8 @@ def prepare(systems: list[System]) -> None:
         if system.name in ("pgjobs", "django-tasks-db"):
             harness.manage(system.database, "migrate", "--verbosity", "0")
         else:
-            harness.measure(system.client, "setup", system.database)
+            harness.measure(system.client, "setup", system.database,
+                            python=system.interpreter)
     harness.recreate_database(FLOOR_DATABASE)
     floor.setup(FLOOR_DATABASE)
 
@@ -91,10 +95,12 @@ def run_enqueue(sizes: Sizes) -> dict[str, Any]:
         for system in ENQUEUERS:
             log(f"enqueue: {system.name} ({repeat + 1}/{sizes.repeats})")
             answers = [(single, harness.measure(system.client, "enqueue_single", system.database,
-                                                env=system.env, n=sizes.enqueue_single))]
+                                                env=system.env, python=system.interpreter,
+                                                n=sizes.enqueue_single))]
             if system.client != "django-tasks-db":  # it has no bulk enqueue
                 answers.append((bulk, harness.measure(system.client, "enqueue_bulk",
                                                       system.database, env=system.env,
+                                                      python=system.interpreter,
                                                       n=sizes.enqueue_bulk)))
             for table, rates in answers:
                 for name, rate in rates.items():
@@ -124,18 +130,19 @@ def _drain_system(
 ) -> dict[str, Any]:
     log_path = RESULTS / "logs" / f"drain-{system.client}.log"
     command = system.worker_command(burst=True, concurrency=concurrency, batch=batch)
-    harness.measure(system.client, "reset", system.database)
+    python = system.interpreter
+    harness.measure(system.client, "reset", system.database, python=python)
     startup = harness.startup_cpu(system.database, command, log_path, system.env,
                                   ready_sql=system.ready_sql)
-    if not system.exits_when_empty:  # the rows of the worker stopped there (Chancy's workers)
-        harness.measure(system.client, "reset", system.database)
-    harness.measure(system.client, "preload", system.database, n=jobs)
+    if not system.exits_when_empty:  # the rows of the worker stopped there (Chancy's, Oban's)
+        harness.measure(system.client, "reset", system.database, python=python)
+    harness.measure(system.client, "preload", system.database, python=python, n=jobs)
     result = harness.drain(
         system.database, system.remaining_sql, jobs, [command] * processes, log_path,
         timeout=sizes.drain_timeout, startup_cpu_seconds=startup, env=system.env,
         exits_when_empty=system.exits_when_empty,
     )
-    harness.measure(system.client, "reset", system.database)
+    harness.measure(system.client, "reset", system.database, python=python)
     return {"system": system.name, "processes": processes, "concurrency": concurrency,
             "batch": batch, "worker": system.describe(command), **result.as_dict()}
 
@@ -192,6 +199,9 @@ def run_drain(sizes: Sizes) -> list[dict[str, Any]]:
     # its queue's concurrency (bench/peers/chancy_app.py), which its row shows as the batch.
     log(f"drain: {CHANCY.name} {p} processes")
     rows.append(_drain_system(CHANCY, sizes.drain_jobs, p, 1, CHANCY_FETCH, sizes))
+    # Oban likewise: a fetch takes up to its queue's limit less the jobs still running.
+    log(f"drain: {OBAN.name} {p} processes")
+    rows.append(_drain_system(OBAN, sizes.drain_jobs, p, 1, OBAN_LIMIT, sizes))
     for peer in (PROCRASTINATE, DJANGO_TASKS_DB):
         log(f"drain: {peer.name} 4 processes")
         rows.append(_drain_system(peer, sizes.slow_peer_jobs, 4, 1, 1, sizes))
@@ -214,18 +224,19 @@ def run_pickup(sizes: Sizes) -> dict[str, Any]:
     results = {}
     for system in ALL:
         log(f"pickup: {system.name}")
-        harness.measure(system.name, "reset", system.database)
+        harness.measure(system.name, "reset", system.database, python=system.interpreter)
         workers = harness.Workers.start(
             [system.worker_command(burst=False)], harness.child_env(system.database),
             RESULTS / "logs" / f"pickup-{system.name}.log",
         )
         try:
             results[system.name] = harness.measure(
-                system.name, "pickup", system.database, samples=sizes.pickup_samples
+                system.name, "pickup", system.database, python=system.interpreter,
+                samples=sizes.pickup_samples,
             )
         finally:
             workers.stop()
-        harness.measure(system.name, "reset", system.database)
+        harness.measure(system.name, "reset", system.database, python=system.interpreter)
     return results
 
 
@@ -254,6 +265,9 @@ def machine() -> dict[str, Any]:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             packages[name] = None
+    # Oban is installed in its own virtualenv, on another Python: that one answers for it.
+    oban = harness.measure(OBAN.client, "versions", OBAN.database, python=OBAN.interpreter)
+    packages["oban"] = f"{oban['oban']} (Python {oban['python']})"
     return {
         "cores": os.cpu_count(), "cpu": cpu, "memory_gib": round(memory_kb / 1024 / 1024, 1),
         "postgresql": version, "server_settings": server, "python": platform.python_version(),
@@ -270,9 +284,13 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS / "latest.json")
     parser.add_argument("--drain-jobs", type=int, metavar="N",
                         help="jobs per drain at the headline size: pgjobs at every shape, "
-                             "PgQueuer and Chancy (default 20,000, 2,000 with --quick); the "
-                             "floor at batch 10 and over and the two slow peers keep theirs")
+                             "PgQueuer, Chancy and Oban (default 20,000, 2,000 with --quick); "
+                             "the floor at batch 10 and over and the two slow peers keep theirs")
     args = parser.parse_args()
+    for system in ALL:
+        if not Path(system.interpreter).exists():
+            parser.error(f"{system.name} runs on {system.interpreter}, which does not exist: "
+                         "`make bench` makes its virtualenv")
     sizes = QUICK if args.quick else FULL
     if args.drain_jobs:
         sizes = dataclasses.replace(sizes, drain_jobs=args.drain_jobs)

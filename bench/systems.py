@@ -10,6 +10,14 @@ from bench import harness
 
 # Chancy's own command-line entry point, installed beside this interpreter.
 CHANCY_CLI = os.path.join(os.path.dirname(harness.PYTHON), "chancy")
+# Oban for Python needs Python 3.12 or newer, and this interpreter is the project's 3.11: its
+# client and its CLI come from a virtualenv of their own (bench/requirements-oban.txt), which
+# `make bench` makes and names in BENCH_OBAN_VENV (relative to the checkout).
+OBAN_VENV = harness.ROOT / os.environ.get("BENCH_OBAN_VENV", ".venv-bench-oban")
+OBAN_PYTHON = str(OBAN_VENV / "bin" / "python")
+OBAN_CLI = str(OBAN_VENV / "bin" / "oban")
+# Each worker's queue limit: at most this many jobs at once, and the most one fetch takes.
+OBAN_LIMIT = 10
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,12 @@ class System:
     ready_sql: str = ""
     # Settings a worker takes from elsewhere than its command line, stated in the output.
     settings: str = ""
+    # The interpreter that runs its client (``bench.measure``), when not the runner's own.
+    python: str = ""
+
+    @property
+    def interpreter(self) -> str:
+        return self.python or harness.PYTHON
 
     @property
     def client(self) -> str:
@@ -52,12 +66,19 @@ class System:
             # Its queue's concurrency, executor and polling live in the database (see
             # bench/peers/chancy_app.py); it has no burst mode, so ``burst`` changes nothing.
             return [CHANCY_CLI, "--app", "bench.peers.chancy_app.app", "worker", "start"]
+        if self.client == "oban":
+            # One queue of OBAN_LIMIT; no burst mode, so ``burst`` changes nothing. The CLI
+            # imports the jobs' module (bench/peers/oban_app.py) rather than grep the checkout.
+            return [OBAN_CLI, "start", "--dsn", harness.dsn(self.database),
+                    "--queues", f"default:{OBAN_LIMIT}", "--cron-modules",
+                    "bench.peers.oban_app", "--log-level", "WARNING"]
         raise ValueError(f"no worker for {self.name}")
 
     def describe(self, command: Sequence[str]) -> str:
         """``command`` as the output shows it: programs by name, the database's URL left out."""
         names = {harness.PYTHON: "python", harness.MANAGE: "bench/manage.py",
-                 CHANCY_CLI: "chancy", harness.dsn(self.database): "<its database>"}
+                 CHANCY_CLI: "chancy", OBAN_CLI: "oban",
+                 harness.dsn(self.database): "<its database>"}
         text = " ".join(names.get(arg, arg) for arg in command)
         return f"{text}; {self.settings}" if self.settings else text
 
@@ -112,7 +133,27 @@ CHANCY = System(
     exits_when_empty=False, ready_sql="SELECT count(*) FROM chancy_workers",
     settings=chancy_settings(),
 )
+# Oban 0.7.0's defaults but the queue's limit, which the command line must give (OBAN_LIMIT, the
+# limit Oban gives a queue configured without one). A job stays 'executing' until its worker
+# acks it: the acks of a debounce window, one UPDATE each, in one transaction before its next
+# fetch. 'suspended', Oban Pro's, never occurs here.
+OBAN = System(
+    "oban", "bench_oban",
+    "SELECT count(*) FROM oban_jobs"
+    " WHERE state IN ('available', 'scheduled', 'executing', 'retryable')",
+    exits_when_empty=False, ready_sql="SELECT count(*) FROM oban_producers",
+    settings=(
+        f"its own Python 3.12+ virtualenv; one queue, limit {OBAN_LIMIT} (at most {OBAN_LIMIT} "
+        "jobs at once, also the most one fetch takes: Oban has no batch size; "
+        f"{OBAN_LIMIT} is the limit Oban gives a queue configured without one); async jobs on "
+        "uvloop's event loop; Oban's defaults otherwise: a pool of 1 to 10 connections, the "
+        "postgres notifier (an insert's NOTIFY wakes the queue), a 5 ms debounce between "
+        "fetches, the stager every 1 s, leadership on, shutdown_grace_period 15 s; log level "
+        "WARNING; no burst mode: stopped by SIGTERM once nothing is outstanding"
+    ),
+    python=OBAN_PYTHON,
+)
 FLOOR_DATABASE = "bench_floor"
 
-PEERS = [DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER, CHANCY]
+PEERS = [DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER, CHANCY, OBAN]
 ALL = [PGJOBS, *PEERS]
