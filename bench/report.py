@@ -100,6 +100,8 @@ def render(results: dict[str, Any]) -> str:
     out.append("versions: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v))
     out.append("server: " + ", ".join(f"{k}={v}" for k, v in m["server_settings"].items())
                + f"; machine load average at start {m['load_average_at_start']:.1f}")
+    if results.get("noisy"):
+        out.append("NOISY RUN: a CPU-bound neighbour process kept a core busy throughout")
     if results.get("quick"):
         out.append("QUICK RUN: small sizes, figures only check the runner")
     targets: list[list[str]] = []

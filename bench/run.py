@@ -8,6 +8,7 @@ Results also go to bench/results/latest.json; the chart of a full run to docs/be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -16,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -277,6 +279,22 @@ def machine() -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def neighbour(noisy: bool) -> Iterator[None]:
+    """With ``noisy``, one process that keeps a core busy (a pure Python loop) for as long as
+    the block runs: every system is measured beside it alike."""
+    if not noisy:
+        yield
+        return
+    log("noisy: a CPU-bound neighbour process runs beside every measurement")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        busy.kill()
+        busy.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the runner")
@@ -286,6 +304,9 @@ def main() -> None:
                         help="jobs per drain at the headline size: pgjobs at every shape, "
                              "PgQueuer, Chancy and Oban (default 20,000, 2,000 with --quick); "
                              "the floor at batch 10 and over and the two slow peers keep theirs")
+    parser.add_argument("--noisy", action="store_true",
+                        help="run with a CPU-bound neighbour process the whole time, as "
+                             "production workers share their cores")
     args = parser.parse_args()
     for system in ALL:
         if not Path(system.interpreter).exists():
@@ -295,14 +316,16 @@ def main() -> None:
     if args.drain_jobs:
         sizes = dataclasses.replace(sizes, drain_jobs=args.drain_jobs)
     started = time.monotonic()
-    results: dict[str, Any] = {"quick": args.quick, "machine": machine(), "sizes": sizes.__dict__,
+    results: dict[str, Any] = {"quick": args.quick, "noisy": args.noisy, "machine": machine(),
+                               "sizes": sizes.__dict__,
                                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     log("preparing bench databases")
     prepare(ALL)
     sections = {"enqueue": run_enqueue, "drain": run_drain, "pickup": run_pickup,
                 "history": run_history, "experiments": run_experiments}
-    for name in args.only:
-        results[name] = sections[name](sizes)
+    with neighbour(args.noisy):
+        for name in args.only:
+            results[name] = sections[name](sizes)
     results["seconds"] = round(time.monotonic() - started)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2))
