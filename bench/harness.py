@@ -85,6 +85,16 @@ def measure(
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+def fresh_django(database: str) -> None:
+    """``database`` made anew and migrated, and Django set up in this process against it."""
+    recreate_database(database)
+    manage(database, "migrate", "--verbosity", "0")
+    os.environ.update(child_env(database))
+    import django
+
+    django.setup()
+
+
 def manage(database: str, *args: str) -> None:
     subprocess.run([PYTHON, MANAGE, *args], env=child_env(database), cwd=ROOT, check=True)
 

@@ -18,7 +18,6 @@ measurement; a second run of the pause measurement uses a poll-only worker (``--
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import time
@@ -117,12 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=10)
     args = parser.parse_args()
-    harness.recreate_database(DATABASE)
-    harness.manage(DATABASE, "migrate", "--verbosity", "0")
-    os.environ.update(harness.child_env(DATABASE))
-    import django
-
-    django.setup()
+    harness.fresh_django(DATABASE)
 
     latencies = cancels(args.samples)
     print(f"\n{'cancel of a running handler':40} {'p50 s':>7} {'max s':>7} {'samples':>8}")

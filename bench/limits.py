@@ -27,7 +27,6 @@ In one run, on one database, interleaved:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from typing import Any
@@ -175,12 +174,7 @@ def main() -> None:
     parser.add_argument("--only-rates", action="store_true",
                         help="measure the rates held alone")
     args = parser.parse_args()
-    harness.recreate_database(DATABASE)
-    harness.manage(DATABASE, "migrate", "--verbosity", "0")
-    os.environ.update(harness.child_env(DATABASE))
-    import django
-
-    django.setup()
+    harness.fresh_django(DATABASE)
 
     cases = {  # label: (task, keys)
         "unlimited": ("bench.noop", 1000),

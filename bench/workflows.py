@@ -17,7 +17,6 @@ dependency's settlement committed (that job's ``finished_at``) to its own claim.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from typing import Any
@@ -105,12 +104,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    harness.recreate_database(DATABASE)
-    harness.manage(DATABASE, "migrate", "--verbosity", "0")
-    os.environ.update(harness.child_env(DATABASE))
-    import django
-
-    django.setup()
+    harness.fresh_django(DATABASE)
 
     cases = ("plain", "chains", "chords")
     results: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}

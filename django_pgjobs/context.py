@@ -159,9 +159,9 @@ class JobContext:
         ``message``. Shown live in the admin and on ``Job.progress``.
 
         Written under the lease (a worker that lost it changes nothing; ``lease_lost`` turns
-        True), at most once per second: calls in between are dropped, so call it as often as is
-        convenient: the last of them is written when the handler ends. ``ValueError`` for a
-        negative, infinite or NaN count or a long message.
+        True), at most once per second: calls in between are held back, and the last of them is
+        written when the handler ends, so call it as often as is convenient. ``ValueError`` for
+        a negative, infinite or NaN count or a long message.
         """
         for name, value in (("done", done), ("total", total)):
             if value is None and name == "total":

@@ -65,11 +65,16 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
         return []
     if any(spec.after for spec in specs):
         return _enqueue_graph(specs, rows, alias, defaults.notify)
+    return _traced_insert(rows, alias, defaults.notify)
+
+
+def _traced_insert(rows: Sequence[Row], alias: str, notify: bool) -> list[Job]:
+    """The INSERT of ``rows``, in a span that carries its trace to the jobs when tracing is on."""
     found = tracing.tracer()
     if found is None:
-        return _insert_all(rows, [None] * len(rows), alias, defaults.notify)
+        return _insert_all(rows, [None] * len(rows), alias, notify)
     with tracing.sending(found, rows) as sending:
-        jobs = _insert_all(rows, sending.traceparents, alias, defaults.notify)
+        jobs = _insert_all(rows, sending.traceparents, alias, notify)
         sending.sent(jobs)
     return jobs
 
@@ -81,13 +86,7 @@ def _enqueue_graph(specs: Sequence[JobSpec], rows: Sequence[Row], alias: str,
     def insert(graph: workflows.Graph) -> list[Job]:
         for place, row in enumerate(rows):
             row.graph = (graph.pending[place], graph.has_dependents[place], graph.workflow_id)
-        found = tracing.tracer()
-        if found is None:
-            return _insert_all(rows, [None] * len(rows), alias, notify)
-        with tracing.sending(found, rows) as sending:
-            jobs = _insert_all(rows, sending.traceparents, alias, notify)
-            sending.sent(jobs)
-        return jobs
+        return _traced_insert(rows, alias, notify)
 
     return workflows.enqueue_graph(specs, insert, alias)
 

@@ -57,9 +57,9 @@ def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
             # thread's connection and in its transaction (a test's).
             result = async_to_sync(_awaited)(result)
     except BaseException as exc:  # a handler's failure is data, never the worker's crash
-        _flush_progress(ctx)
         return _raised(job, handler, started, exc)
-    _flush_progress(ctx)
+    finally:
+        _flush_progress(ctx)
     return _returned(job, started, result)
 
 
@@ -77,11 +77,10 @@ async def aexecute(job: ClaimedJob, ctx: JobContext) -> Outcome:
         if inspect.isawaitable(result):
             result = await result
     except BaseException as exc:
-        if ctx.progress_unwritten is not None:
-            await sync_to_async(_flush_progress, thread_sensitive=True)(ctx)
         return _raised(job, handler, started, exc)
-    if ctx.progress_unwritten is not None:
-        await sync_to_async(_flush_progress, thread_sensitive=True)(ctx)
+    finally:
+        if ctx.progress_unwritten is not None:  # the database call only when there is one
+            await sync_to_async(_flush_progress, thread_sensitive=True)(ctx)
     return _returned(job, started, result)
 
 
@@ -95,6 +94,7 @@ def _flush_progress(ctx: JobContext) -> None:
     except DatabaseError as exc:
         ctx.progress_unwritten = None
         logger.warning("job.progress_lost id=%s: %s", ctx.job.id, type(exc).__name__)
+
 
 # A result's JSON shorter than this many characters is at most four times as many bytes, under
 # the smallest PGJOBS_MAX_RESULT_BYTES allowed: the setting is read only for longer ones.

@@ -134,12 +134,6 @@ def resolve_dependencies(ended: Mapping[int, str], *, using: str) -> None:
                        {"ids": list(ended), "statuses": [str(s) for s in ended.values()]})
 
 
-def job_statuses(job_ids: Sequence[int], *, using: str) -> dict[int, str]:
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("job_statuses"), [list(job_ids)])
-        return dict(cursor.fetchall())
-
-
 def dependency_results(job_id: int, *, using: str) -> list[tuple[Any, ...]]:
     """(id, task, status, result, requires) of each job ``job_id`` depends on, in edge order."""
     with connections[using].cursor() as cursor:

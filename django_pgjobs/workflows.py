@@ -202,14 +202,15 @@ def enqueue_graph(specs: Sequence[JobSpec], insert: Any, alias: str) -> list[Job
         if existing:
             found.update(transitions.lock_upstream_jobs(sorted(set(existing)), using=alias))
         transitions.insert_dependencies(rows, using=alias)
+        depended_on = {upstream for _, upstream, _ in rows}
         ended = {job_id: status for job_id, (status, _) in found.items()
-                 if status in TERMINAL_STATUSES and any(r[1] == job_id for r in rows)}
+                 if status in TERMINAL_STATUSES and job_id in depended_on}
         if ended:
             transitions.resolve_dependencies(ended, using=alias)
-            statuses = transitions.job_statuses([r[0] for r in rows], using=alias)
+            statuses = dict(Job.objects.using(alias).filter(pk__in=[r[0] for r in rows])
+                            .values_list("pk", "status"))
             for job in jobs:
-                if job.pk in statuses:
-                    job.status = statuses[job.pk]
+                job.status = statuses.get(job.pk, job.status)
     return jobs
 
 

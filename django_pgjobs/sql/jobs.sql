@@ -464,11 +464,8 @@ SELECT 1
 
 -- name: resolve_dependencies
 -- Edges whose job had already ended when they were written: resolved now, as its settlement
--- would have; the answer is each dependent's status after that.
+-- would have.
 SELECT pgjobs_dependencies_resolve(%(ids)s::bigint[], %(statuses)s::text[])
-
--- name: job_statuses
-SELECT id, status FROM pgjobs_job WHERE id = ANY(%s::bigint[])
 
 -- name: dependency_results
 -- What a running job's handler reads of the jobs it depends on: each one's task, how it ended
