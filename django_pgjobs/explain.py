@@ -23,6 +23,7 @@ from .schedules import enqueue_due_ticks
 from .status import JobStatus
 from .transitions import (
     claim_jobs,
+    expire_pending_jobs,
     prepare_worker_statements,
     promote_due_jobs,
     raise_waiting_priorities,
@@ -70,6 +71,9 @@ HOT_QUERIES = {
                  "claim a batch of ready jobs of one queue (transitions.claim_jobs)"),
         HotQuery("promote", ("pgjobs_job_due_idx",), 2,
                  "make due scheduled and retrying jobs ready (transitions.promote_due_jobs)"),
+        # Every worker runs it on the rescue step's cadence, pending jobs or none.
+        HotQuery("expire_pending", ("pgjobs_job_pending_idx",), 1,
+                 "end pending jobs whose deadline passed (transitions.expire_pending_jobs)"),
         HotQuery("rescue", ("pgjobs_job_lease_idx",), 1,
                  "find running jobs whose lease expired (transitions.rescue_expired_leases)"),
         HotQuery("ready_queues", ("pgjobs_job_claim_idx",), 1,
@@ -265,6 +269,10 @@ def _promote(queue: str, batch: int, using: str) -> dict[str, Any]:
     return _captured(lambda: promote_due_jobs(batch, using=using), using)
 
 
+def _expire_pending(queue: str, batch: int, using: str) -> dict[str, Any]:
+    return _captured(lambda: expire_pending_jobs(batch, using=using), using)
+
+
 def _rescue(queue: str, batch: int, using: str) -> dict[str, Any]:
     return _captured(lambda: rescue_expired_leases(batch, using=using), using)
 
@@ -317,7 +325,8 @@ def _prune(queue: str, batch: int, using: str) -> dict[str, Any]:
 
 
 _RUNNERS: dict[str, Callable[[str, int, str], dict[str, Any]]] = {
-    "claim": _claim, "promote": _promote, "rescue": _rescue, "ready_queues": _ready_queues,
+    "claim": _claim, "promote": _promote, "expire_pending": _expire_pending,
+    "rescue": _rescue, "ready_queues": _ready_queues,
     "settle": _settle, "aging": _aging, "prune": _prune, "schedules": _schedules,
 }
 

@@ -187,6 +187,8 @@ def test_every_hot_query_reads_about_its_batch_on_large_history(history: None) -
     bounds = {
         "claim": (BATCH, 2 * BATCH),  # the candidates, then each again by primary key
         "promote": (BATCH, 2 * BATCH),
+        # No pending job in this history: the pending index alone, however large the rest.
+        "expire_pending": (0, 2 * BATCH),
         "rescue": (BATCH, 2 * BATCH),
         "ready_queues": (QUEUES, QUEUES + 1),  # one probe per queue, one that finds none
         "settle": (BATCH, 2 * BATCH),  # the jobs by primary key; attempts are only written
