@@ -193,7 +193,27 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
             id="pgjobs.E010",
         ))
     messages += _receipt_retention()
+    messages += _encryption_keys()
     return messages
+
+
+def _encryption_keys() -> list[CheckMessage]:
+    # A handler that declares encrypted fields cannot enqueue (or store its result) without a
+    # key: said at start-up rather than at the first enqueue.
+    if settings.ENCRYPTION_KEYS:
+        return []
+    declaring = sorted(h.name for h in map(registry.get, registry.names())
+                       if h is not None and (h.encrypted or h.encrypted_result))
+    if not declaring:
+        return []
+    named = ", ".join(map(repr, declaring[:5])) + (
+        f" and {len(declaring) - 5} more" if len(declaring) > 5 else "")
+    return [Error(
+        f"PGJOBS_ENCRYPTION_KEYS is empty, and these tasks declare encrypted fields: {named}",
+        hint="set PGJOBS_ENCRYPTION_KEYS to a list of keys; manage.py pgjobs_rotate_keys "
+             "--generate-key prints one",
+        id="pgjobs.E014",
+    )]
 
 
 @register()

@@ -138,6 +138,10 @@ DEFAULT_TRACING: bool | None = None
 # are summed under queue="*", so a project with thousands of queues exports a bounded number of
 # series.
 DEFAULT_METRICS_MAX_QUEUES = 50
+# Keys of encrypted fields (django_pgjobs.encryption), each 32 bytes in URL-safe base64: the first
+# encrypts, all decrypt, so a new key goes first and an old one stays until
+# pgjobs_rotate_keys has moved every value off it.
+DEFAULT_ENCRYPTION_KEYS: list[str] = []
 
 
 class Settings:

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -208,12 +209,13 @@ class JobContext:
         return await sync_to_async(self.dependencies, thread_sensitive=True)()
 
     def receipt(
-        self, scope: str, *, key: str, retention_seconds: float | None = None
+        self, scope: str, *, key: str, retention_seconds: float | None = None,
+        encrypted: Iterable[str] = (),
     ) -> AbstractContextManager[receipts.Receipt]:
         """Hold the idempotency receipt ``(scope, key)``; see ``receipts.receipt``."""
         return receipts.receipt(
             scope, key, job_id=self.job.id, lease_token=self.job.lease_token,
-            retention_seconds=retention_seconds, using=self.using,
+            retention_seconds=retention_seconds, encrypted=encrypted, using=self.using,
         )
 
     def __repr__(self) -> str:

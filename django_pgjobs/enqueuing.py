@@ -35,7 +35,7 @@ from .options import (
     encode_payload,
 )
 from .registry import Handler
-from .rows import ROW_COLUMNS, Combination, Row, rows_of
+from .rows import ROW_COLUMNS, Combination, Row, StoredPayload, rows_of
 from .validation import shown
 
 
@@ -116,8 +116,9 @@ def replay_job(
         key = original.idempotency_key if move_key else idempotency_key
         assert key is None or isinstance(key, str)
         max_age = (original.deadline - original.created_at) if original.deadline else None
+        # The payload as its row holds it: checked and sealed when the original was enqueued.
         replay = enqueue(
-            original.task, original.payload, queue=original.queue,
+            original.task, StoredPayload(original.payload), queue=original.queue,
             priority=original.base_priority, max_attempts=original.max_attempts,
             lease=timedelta(seconds=original.lease_seconds), idempotency_key=key,
             trace_id=original.trace_id,

@@ -50,6 +50,16 @@ class InvalidJobOption(EnqueueError):
     pass
 
 
+class PayloadInvalid(EnqueueError):
+    """A typed payload (``@job(payload=Model)``) does not match its model; ``path`` names the
+    first field that does not (``payload.card.number``, ``payload.items[2]``)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"invalid payload at {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
 class InvalidDependency(EnqueueError):
     """A workflow's edges are wrong: an unknown requirement, a job that is not in this call, not
     in this database or does not exist, one named twice, or more than PGJOBS_MAX_DEPENDENCIES."""
@@ -102,6 +112,37 @@ class KeyTakenThenFreed(PgJobsError):
                          "freed just after; enqueue again")
         self.task = task
         self.key = key
+
+
+class EncryptionError(PgJobsError):
+    """Encryption is not set up as a declaration needs, or a value cannot be opened."""
+
+
+class EncryptionNotConfigured(EncryptionError, EnqueueError):
+    """A declared field must be encrypted and ``PGJOBS_ENCRYPTION_KEYS`` holds no usable key."""
+
+
+class EncryptedPathMissing(EnqueueError):
+    """A declared encrypted path names a field the payload (result, receipt) does not have."""
+
+    def __init__(self, root: str, path: str) -> None:
+        super().__init__(f"{root}: the encrypted path {path!r} names no value of it (the path "
+                         "must exist; give it a null to encrypt nothing)")
+        self.path = path
+
+
+class Undecryptable(EncryptionError):
+    """An envelope did not open: its key is no longer configured, or it was altered or moved."""
+
+    def __init__(self, where: str, path: str, key_id: str, reason: str, *,
+                 key_missing: bool = False) -> None:
+        super().__init__(f"the encrypted {where} field {path} (key {key_id}) cannot be "
+                         f"decrypted: {reason}")
+        self.path = path
+        self.key_id = key_id
+        # The key is not configured here (a worker deployed without it), rather than the value
+        # being altered or moved: another worker, or this one redeployed, may open it.
+        self.key_missing = key_missing
 
 
 # --- handlers raise these to say what kind of failure happened ------------------------------

@@ -22,14 +22,22 @@ from typing import Any
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import DatabaseError
 
+from . import encryption
 from .claimed import ClaimedJob
 from .conf import settings
 from .context import JobContext
-from .exceptions import Snooze, TimedOut
+from .exceptions import (
+    EncryptedPathMissing,
+    EncryptionNotConfigured,
+    PayloadInvalid,
+    Snooze,
+    TimedOut,
+    Undecryptable,
+)
 from .limits import RateLimited
 from .outcomes import Outcome
 from .payloads import written_out
-from .registry import Handler, redactor_for, registry, upgrade_payload
+from .registry import Handler, redactor_for, registry
 from .retry import Decision, classify, decide, decision_of
 from .status import FailureClass, TerminalReason
 from .tracing import traced_async_attempt, traced_attempt
@@ -60,7 +68,7 @@ def execute(job: ClaimedJob, ctx: JobContext) -> Outcome:
         return _raised(job, handler, started, exc)
     finally:
         _flush_progress(ctx)
-    return _returned(job, started, result)
+    return _returned(job, handler, started, result)
 
 
 @traced_async_attempt
@@ -81,7 +89,7 @@ async def aexecute(job: ClaimedJob, ctx: JobContext) -> Outcome:
     finally:
         if ctx.progress_unwritten is not None:  # the database call only when there is one
             await sync_to_async(_flush_progress, thread_sensitive=True)(ctx)
-    return _returned(job, started, result)
+    return _returned(job, handler, started, result)
 
 
 def _flush_progress(ctx: JobContext) -> None:
@@ -154,7 +162,16 @@ def _prepare(job: ClaimedJob, started: float) -> tuple[Handler, Any] | Outcome:
             f"(version {handler.version})", "",
         )
     try:
-        return handler, upgrade_payload(handler, job.payload, job.payload_version)
+        return handler, handler.payload_for_handler(job.payload, job.payload_version)
+    except Undecryptable as exc:
+        # A key missing here may be configured on the next worker (a rotation rolling out):
+        # retried within the deploy window, like an unknown task. An altered value never opens.
+        return _failed(job, started,
+                       FailureClass.UNKNOWN_KEY if exc.key_missing else FailureClass.PERMANENT,
+                       str(exc), "")
+    except PayloadInvalid as exc:  # the stored payload does not fit the handler's model
+        return _failed(job, started, FailureClass.PERMANENT,
+                       f"the payload does not match the handler's model: {exc}", "")
     except LookupError as exc:  # a missing upgrade step: no retry can decode this payload
         return _failed(job, started, FailureClass.PERMANENT, _describe(exc), "")
     except Exception as exc:
@@ -182,7 +199,18 @@ def _raised(job: ClaimedJob, handler: Handler, started: float, exc: BaseExceptio
     return _failed(job, started, failure_class, _describe(exc), tb, hint, decision_of(exc))
 
 
-def _returned(job: ClaimedJob, started: float, result: Any) -> Outcome:
+def _returned(job: ClaimedJob, handler: Handler, started: float, result: Any) -> Outcome:
+    if handler.encrypted_result:
+        try:
+            result = encryption.seal(result, handler.encrypted_result, where=encryption.RESULT,
+                                     owner=handler.name)
+        except EncryptionNotConfigured as exc:  # this worker lacks the keys; another may not
+            return _failed(job, started, FailureClass.UNKNOWN_KEY, str(exc), "")
+        except (EncryptedPathMissing, TypeError, ValueError) as exc:
+            # Never stored in plaintext; the side effects happened and a retry would return
+            # the same.
+            return _failed(job, started, FailureClass.PERMANENT,
+                           f"the handler's result could not be encrypted: {_describe(exc)}", "")
     try:
         result_json = json.dumps(result, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -273,10 +301,19 @@ def _stored_text(job: ClaimedJob, text: str, limit: int, *, keep_end: bool) -> s
     """
     if not text:
         return text
-    text = _storable(redactor_for(job.task).text(text, job.payload))
+    text = _storable(redactor_for(job.task).text(text, _readable(job)))
     if len(text) <= limit:
         return text
     return text[-limit:] if keep_end else text[:limit]
+
+
+def _readable(job: ClaimedJob) -> Any:
+    """The job's payload with its encrypted fields opened, to scrub their plaintext from text a
+    handler wrote; as stored when they do not open (then no plaintext was handled)."""
+    try:
+        return encryption.opened(job.payload, where=encryption.PAYLOAD, owner=job.task)
+    except Undecryptable:
+        return job.payload
 
 
 def _storable(text: str) -> str:

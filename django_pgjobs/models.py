@@ -385,6 +385,7 @@ class Job(models.Model):
             ("cancel_job", "Can cancel jobs"),
             ("deadletter_job", "Can move jobs to dead by hand"),
             ("view_raw_payload", "Can see unredacted payloads"),
+            ("reveal_encrypted", "Can decrypt the encrypted fields of payloads and results"),
         ]
 
     def __str__(self) -> str:
@@ -679,6 +680,7 @@ class OperatorActionKind(models.TextChoices):
     CANCEL = "cancel", "cancel"
     DEAD_LETTER = "dead_letter", "dead-letter"
     VIEW_RAW_PAYLOAD = "view_raw_payload", "view raw payload"
+    REVEAL_ENCRYPTED = "reveal_encrypted", "decrypt encrypted fields"
     PAUSE_QUEUE = "pause_queue", "pause queue"
     RESUME_QUEUE = "resume_queue", "resume queue"
     SET_KEY_LIMIT = "set_key_limit", "set key limit"

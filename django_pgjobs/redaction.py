@@ -40,13 +40,17 @@ import psycopg
 from .conf import settings
 
 REDACTED = "[redacted]"
+# A value stored encrypted (django_pgjobs.encryption): a viewer sees the id of its key only.
+ENVELOPE_PREFIX = "pgjobs:enc:v1:"
+ENVELOPE = re.compile(r"pgjobs:enc:v1:([0-9a-f]{8}):([A-Za-z0-9_-]{38,})")
+ENCRYPTED_SHOWN_AS = "[encrypted, key {}]"
 # Shorter hidden values are not scrubbed out of text: replacing every "1" or "ab" in a traceback
 # would destroy it without protecting anything worth protecting.
 MIN_SCRUB_CHARS = 3
 
 _SEGMENT = re.compile(r"^(?P<key>[^.\[\]]*)(?P<indexes>(?:\[(?:\*|\d+)\])*)$")
 _INDEX = re.compile(r"\[(\*|\d+)\]")
-_ANY = object()
+ANY_STEP = object()
 # The words of a key: runs of capitals before a capitalised word (HTTPHeader: HTTP, Header),
 # capitalised or lower-case words, digits.
 _WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
@@ -108,7 +112,7 @@ class Redactor:
         document whose hidden values are scrubbed too: a result, shown with its job's payload,
         loses the ``customer.email`` its handler echoed under a key of its own.
         """
-        redacted = self.redact(value)
+        redacted = self.redact(masked(value))
         secrets = redacted.secrets
         if also is not None:
             secrets = tuple(dict.fromkeys((*secrets, *self.redact(also).secrets)))
@@ -150,7 +154,7 @@ class RedactingFilter(logging.Filter):
 
 @lru_cache(maxsize=512)
 def compile_path(path: str) -> tuple[object, ...]:
-    """Parse a redaction path into steps: a key (str), an index (int) or any (``_ANY``)."""
+    """Parse a redaction path into steps: a key (str), an index (int) or any (``ANY_STEP``)."""
     if not path or path.strip() != path:
         raise ValueError(f"redaction path {path!r} is empty or has surrounding spaces")
     steps: list[object] = []
@@ -162,16 +166,18 @@ def compile_path(path: str) -> tuple[object, ...]:
             )
         key = match["key"]
         if key:
-            steps.append(_ANY if key == "*" else key)
+            steps.append(ANY_STEP if key == "*" else key)
         elif position > 0:
             raise ValueError(f"redaction path {path!r}: only the first segment may start with [")
         for index in _INDEX.findall(match["indexes"]):
-            steps.append(_ANY if index == "*" else int(index))
+            steps.append(ANY_STEP if index == "*" else int(index))
     return tuple(steps)
 
 
 def _redact_path(value: Any, steps: Sequence[object], hidden: list[Any]) -> Any:
     if not steps:
+        if _shown_encrypted(value):
+            return value  # hidden as well, and says how
         hidden.append(value)
         return REDACTED
     step, rest = steps[0], steps[1:]
@@ -179,14 +185,14 @@ def _redact_path(value: Any, steps: Sequence[object], hidden: list[Any]) -> Any:
         if isinstance(step, int):
             return value
         return {
-            k: _redact_path(v, rest, hidden) if step is _ANY or k == step else v
+            k: _redact_path(v, rest, hidden) if step is ANY_STEP or k == step else v
             for k, v in value.items()
         }
     if isinstance(value, list):
         if isinstance(step, str):
             return value
         return [
-            _redact_path(v, rest, hidden) if step is _ANY or i == step else v
+            _redact_path(v, rest, hidden) if step is ANY_STEP or i == step else v
             for i, v in enumerate(value)
         ]
     return value
@@ -224,7 +230,9 @@ def _redact_keys(value: Any, keys: tuple[tuple[str, ...], ...], hidden: list[Any
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            if _is_secret_key(k, keys):
+            if _shown_encrypted(v):
+                out[k] = v  # hidden as well, and says how
+            elif _is_secret_key(k, keys):
                 hidden.append(v)
                 out[k] = REDACTED
             else:
@@ -236,6 +244,22 @@ def _redact_keys(value: Any, keys: tuple[tuple[str, ...], ...], hidden: list[Any
 
 
 # --- text -----------------------------------------------------------------------------------
+
+
+def _shown_encrypted(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("[encrypted, key ")
+
+
+def masked(value: Any) -> Any:
+    """``value`` with each encrypted value shown as ``[encrypted, key …]``."""
+    if isinstance(value, str):
+        match = ENVELOPE.fullmatch(value) if value.startswith(ENVELOPE_PREFIX) else None
+        return value if match is None else ENCRYPTED_SHOWN_AS.format(match[1])
+    if isinstance(value, dict):
+        return {k: masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
 
 
 def _scrub_values(value: Any, scrub: Callable[[str], str]) -> Any:
@@ -270,7 +294,8 @@ def _secret_texts(hidden: Iterable[Any]) -> Iterator[str]:
     seen: set[str] = set()
     for value in hidden:
         for leaf in _leaves(value):
-            if leaf is None or isinstance(leaf, bool) or leaf == REDACTED:
+            if leaf is None or isinstance(leaf, bool) or leaf == REDACTED or _shown_encrypted(
+                    leaf):
                 continue
             text = leaf if isinstance(leaf, str) else json.dumps(leaf)
             # The forms a message is likely to repeat the value in: as is, repr'd, JSON-encoded.

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from . import encryption
 from .conf import settings
-from .exceptions import InvalidJobOption
+from .exceptions import InvalidJobOption, PayloadInvalid
 from .limits import Limit, Rate
 from .redaction import Redactor, compile_path
 from .ticks import Schedule
-from .validation import OPTION_RULES, queue_problem, task_name_problem
+from .typed import PayloadType
+from .validation import OPTION_RULES, missing_extra, queue_problem, task_name_problem
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -51,6 +54,9 @@ class Handler:
         timezone: str | None = None,
         schedules: Iterable[Schedule] = (),
         limit: Limit | Rate | None = None,
+        payload: type | None = None,
+        encrypted: Iterable[str] = (),
+        encrypted_result: Iterable[str] = (),
     ) -> None:
         problem = task_name_problem(name)
         if problem is not None:
@@ -114,6 +120,14 @@ class Handler:
                 compile_path(path)
             except ValueError as exc:
                 raise InvalidJobOption(f"task {name!r}: {exc}") from None
+        # The model its payloads are (docs/payloads.md): enqueue stores its JSON form, the
+        # handler receives an instance.
+        self.payload_type = None if payload is None else PayloadType.of(payload, name)
+        # Paths of the payload and of the result stored encrypted (docs/security.md).
+        self.encrypted = _encrypted_paths(name, encrypted, "encrypted")
+        self.encrypted_result = _encrypted_paths(name, encrypted_result, "encrypted_result")
+        # Whether enqueue does more to a payload than check that it is JSON.
+        self.shapes_payload = self.payload_type is not None or bool(self.encrypted)
         self.schedules = _declared_schedules(name, cron, timezone, schedules)
         # Paths that depend on the payload itself; see Redactor.paths_for.
         self.redact_paths_for: Callable[[Any, tuple[str, ...]], Iterable[str]] | None = None
@@ -144,6 +158,50 @@ class Handler:
     def enqueue(self, payload: Any, **options: Any) -> Job:
         """Enqueue a job for this handler in the caller's transaction."""
         return registry.enqueuer(self, payload, **options)
+
+    def plain_payload(self, payload: Any, version: int) -> Any:
+        """``payload`` checked against the handler's model, in the JSON form rows hold.
+
+        A payload of an older version is kept as given; it is checked once the upgrades have
+        brought it to this version, as a worker will see it.
+        """
+        if self.payload_type is None:
+            return payload
+        if version == self.version:
+            return self.payload_type.dump(payload)
+        try:
+            upgraded = upgrade_payload(self, payload, version)
+        except Exception as exc:  # the upgrade is the handler's code; nothing is sent
+            raise PayloadInvalid("payload", f"the upgrade from version {version} failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        self.payload_type.dump(upgraded)
+        return payload
+
+    def sealed(self, plain: Any) -> Any:
+        """A copy of ``plain`` with the declared fields encrypted (``encryption.seal``)."""
+        if not self.encrypted:
+            return plain
+        return encryption.seal(plain, self.encrypted, where=encryption.PAYLOAD, owner=self.name)
+
+    def payload_for_handler(self, stored: Any, version: int) -> Any:
+        """What the handler is called with: ``stored`` decrypted, upgraded and typed."""
+        payload = encryption.opened(stored, where=encryption.PAYLOAD, owner=self.name)
+        payload = upgrade_payload(self, payload, version)
+        if self.payload_type is not None:
+            payload = self.payload_type.load(payload)
+        return payload
+
+
+def _encrypted_paths(task: str, paths: Iterable[str], option: str) -> tuple[str, ...]:
+    try:
+        declared = encryption.checked_paths(paths, f"task {task!r}: {option}")
+    except ValueError as exc:
+        raise InvalidJobOption(str(exc)) from None
+    if declared and importlib.util.find_spec("cryptography") is None:
+        raise InvalidJobOption(
+            f"task {task!r}: {option}= encrypts with "
+            f"{missing_extra('cryptography', 'encryption')}")
+    return declared
 
 
 def _declared_schedules(
@@ -305,12 +363,17 @@ def job(
 
 
 def redactor_for(task: str | None = None) -> Redactor:
-    """The redactor for ``task``: the configured keys plus the paths its handler declares."""
+    """The redactor for ``task``: the configured keys plus the paths its handler declares.
+
+    Encrypted paths are hidden too: a value decrypted for its handler is as secret as its
+    ciphertext, and an error that quotes it is scrubbed of it.
+    """
     handler = registry.resolve(task) if task else None
     keys = tuple(settings.REDACT_KEYS)
     if handler is None:
         return Redactor(keys)
-    return Redactor(keys, handler.redact, handler.redact_paths_for)
+    return Redactor(keys, (*handler.redact, *handler.encrypted, *handler.encrypted_result),
+                    handler.redact_paths_for)
 
 
 def redact(*paths: str) -> Callable[[Any], Any]:

@@ -105,11 +105,21 @@ POLICY: dict[FailureClass, Rule] = {
         bounded_by="PGJOBS_UNKNOWN_TASK_RETRY_SECONDS from enqueue, deadline",
         examples="payload version newer than this worker's handler (a rolling deploy)",
     ),
+    FailureClass.UNKNOWN_KEY: Rule(
+        retries=True,
+        delay=Delay.DEPLOY_WINDOW,
+        uses_attempt=False,
+        bounded_by="PGJOBS_UNKNOWN_TASK_RETRY_SECONDS from enqueue, deadline",
+        examples="a field encrypted under a key missing from this worker's "
+        "PGJOBS_ENCRYPTION_KEYS (a new key deployed to some workers only, or an old key "
+        "removed before pgjobs_rotate_keys ran)",
+    ),
 }
 
 _TERMINAL_REASON = {
     FailureClass.UNKNOWN_TASK: TerminalReason.UNKNOWN_TASK,
     FailureClass.UNSUPPORTED_VERSION: TerminalReason.UNSUPPORTED_VERSION,
+    FailureClass.UNKNOWN_KEY: TerminalReason.UNKNOWN_KEY,
 }
 
 PERMANENT_EXCEPTIONS: tuple[type[BaseException], ...] = (

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
@@ -37,6 +37,12 @@ ROW_COLUMNS = (
 _PAYLOAD_AT = ROW_COLUMNS.index("payload")
 _OWN = frozenset({"payload", "schedule_id", "scheduled_at", "limit_key", "rate_weight"})
 _TICK_AT = ROW_COLUMNS.index("schedule_id")
+
+
+class StoredPayload(NamedTuple):
+    """A payload as a row held it (a replay's): stored again as it is, not typed or sealed."""
+
+    value: Any
 
 
 @dataclass(eq=False)
@@ -209,15 +215,23 @@ class Combination:
     def row(self, spec: JobSpec, defaults: Defaults) -> Row:
         """The row of ``spec``, one of this combination; check its tick and payload."""
         tick = checked_tick(spec.tick)
-        encoded = encode_json(spec.payload, limit=defaults.max_payload_bytes,
-                              max_depth=defaults.max_payload_depth)
         checked = self.checked
-        limit = checked.handler.limit
+        handler = checked.handler
+        payload = plain = spec.payload
+        if type(payload) is StoredPayload:
+            payload = plain = payload.value
+        elif handler.shapes_payload:
+            # A limit's key function is given the JSON form, not the ciphertext.
+            plain = handler.plain_payload(payload, checked.payload_version)
+            payload = handler.sealed(plain)
+        encoded = encode_json(payload, limit=defaults.max_payload_bytes,
+                              max_depth=defaults.max_payload_depth)
+        limit = handler.limit
         if limit is None:
-            return Row(self, spec.payload, encoded, tick)
-        limit_key = limit.key_of(checked.task, spec.payload, checked.fairness_key, checked.queue)
-        weight = limit.weight_of(checked.task, spec.payload) if isinstance(limit, Rate) else None
-        return Row(self, spec.payload, encoded, tick, limit_key, weight)
+            return Row(self, payload, encoded, tick)
+        limit_key = limit.key_of(checked.task, plain, checked.fairness_key, checked.queue)
+        weight = limit.weight_of(checked.task, plain) if isinstance(limit, Rate) else None
+        return Row(self, payload, encoded, tick, limit_key, weight)
 
     def new_job(self, own: dict[str, Any], alias: str) -> Job:
         """A job of this combination, saved in ``alias``, with ``own`` attribute values.
@@ -261,4 +275,4 @@ class Combination:
         )
 
 
-__all__ = ["ROW_COLUMNS", "Combination", "Row", "rows_of"]
+__all__ = ["ROW_COLUMNS", "Combination", "Row", "StoredPayload", "rows_of"]

@@ -74,6 +74,8 @@ class FailureClass(models.TextChoices):
     UNKNOWN = "unknown", "unknown"
     UNKNOWN_TASK = "unknown_task", "unknown task"
     UNSUPPORTED_VERSION = "unsupported_version", "unsupported payload version"
+    # A field encrypted under a key this worker's PGJOBS_ENCRYPTION_KEYS does not hold.
+    UNKNOWN_KEY = "unknown_key", "encryption key not configured"
 
 
 class TerminalReason(models.TextChoices):
@@ -83,6 +85,7 @@ class TerminalReason(models.TextChoices):
     DEADLINE_PASSED = "deadline_passed", "deadline passed"
     UNKNOWN_TASK = "unknown_task", "unknown task"
     UNSUPPORTED_VERSION = "unsupported_version", "unsupported payload version"
+    UNKNOWN_KEY = "unknown_key", "encryption key not configured"
     SNOOZE_LIMIT = "snooze_limit", "snoozed too often"
     OPERATOR = "operator", "operator action"
     # Cancelled while pending: a job it depends on ended in a way its edge does not accept.

@@ -761,6 +761,13 @@ def record_raw_payload_view(job_id: int, *, actor: Actor, using: str = DEFAULT_D
     _audit(OperatorActionKind.VIEW_RAW_PAYLOAD, actor, "", [job_id], 0, {}, using)
 
 
+def record_encrypted_reveal(job_id: int, fields: list[str], *, actor: Actor,
+                            using: str = DEFAULT_DB_ALIAS) -> None:
+    """Audit that ``actor`` saw the decrypted ``fields`` of job ``job_id``."""
+    _audit(OperatorActionKind.REVEAL_ENCRYPTED, actor, "", [job_id], 0, {"fields": fields},
+           using)
+
+
 def audit_schedule_action(
     action: str, actor: Actor, reason: str, schedule_ids: list[int], changed: int,
     detail: dict[str, Any], *, job_ids: Sequence[int] = (), using: str = DEFAULT_DB_ALIAS,
@@ -987,3 +994,24 @@ __all__ = [
     "unique_ids",
     "unique_key_holder",
 ]
+
+
+# --- key rotation (pgjobs_rotate_keys) --------------------------------------------------------
+
+
+def jobs_to_reseal(after: int, limit: int, *, using: str) -> list[tuple[Any, ...]]:
+    """(id, task, sealed, payload, result) of the next ``limit`` jobs after id ``after``; the
+    payload and result as the row's text, and None unless ``sealed`` (it holds an encrypted
+    value)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("jobs_to_reseal"), {"after": after, "limit": limit})
+        return [(i, task, sealed, payload if sealed else None, result if sealed else None)
+                for i, task, sealed, payload, result in cursor.fetchall()]
+
+
+def reseal_jobs(rows: list[dict[str, Any]], *, using: str) -> set[int]:
+    """Write each row's new ``payload`` and ``result`` (JSON text; None: unchanged) where the job
+    still holds the text ``was_payload`` and ``was_result``; the ids written."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("reseal_jobs"), {"rows": json.dumps(rows)})
+        return {row[0] for row in cursor.fetchall()}

@@ -8,6 +8,8 @@ raises its own kind of error with the same words. Nothing here imports the rest 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import importlib.util
 import math
 import re
@@ -366,6 +368,33 @@ def _tracing(value: object) -> str | None:
     return None
 
 
+ENCRYPTION_KEY_BYTES = 32
+
+
+def encryption_key_bytes(text: str) -> bytes | None:
+    """The key ``text`` spells in URL-safe base64, or None if it is not one of 32 bytes."""
+    try:
+        raw = base64.urlsafe_b64decode(text.encode("ascii"))
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return None
+    return raw if len(raw) == ENCRYPTION_KEY_BYTES else None
+
+
+def _encryption_keys(value: object) -> str | None:
+    if not isinstance(value, list | tuple) or not all(isinstance(k, str) for k in value):
+        return "must be a list of keys (strings): the first encrypts, all decrypt"
+    raws = [encryption_key_bytes(text) for text in value]
+    for position, raw in enumerate(raws):
+        if raw is None:
+            return (f"[{position}] is not a key: each is {ENCRYPTION_KEY_BYTES} bytes in "
+                    "URL-safe base64 (manage.py pgjobs_rotate_keys --generate-key prints one)")
+    if len(set(raws)) != len(raws):
+        return "lists one key twice"
+    if value and importlib.util.find_spec("cryptography") is None:
+        return f"is set but {missing_extra('cryptography', 'encryption')}"
+    return None
+
+
 def _prepared_statements(value: object) -> str | None:
     if value is not None and not isinstance(value, bool):
         return ("must be None (prepare except where DISABLE_SERVER_SIDE_CURSORS is set), True "
@@ -430,6 +459,7 @@ SETTING_RULES: dict[str, Rule] = {
     "SCHEDULE_GRACE_SECONDS": _seconds(0, DAY_SECONDS),
     "TRACING": _tracing,
     "METRICS_MAX_QUEUES": _whole(1, 10_000),
+    "ENCRYPTION_KEYS": _encryption_keys,
 }
 
 
@@ -443,6 +473,7 @@ __all__ = [
     "DAY_SECONDS",
     "DURATION_MAX_SECONDS",
     "DURATION_SPANS",
+    "ENCRYPTION_KEY_BYTES",
     "FAIRNESS_KEY_MAX_LENGTH",
     "KEY_MAX_LENGTH",
     "LEASE_MAX_SECONDS",

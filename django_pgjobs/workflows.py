@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import transitions
+from . import encryption, transitions
 from .conf import checked
 from .exceptions import DependencyCycle, InvalidDependency
 from .models import Job
@@ -215,8 +215,15 @@ def enqueue_graph(specs: Sequence[JobSpec], insert: Any, alias: str) -> list[Job
 
 
 def results_of(job_id: int, *, using: str) -> list[DependencyResult]:
-    """What the jobs ``job_id`` depends on ended as, and their results, in edge order."""
-    return [DependencyResult(*row) for row in transitions.dependency_results(job_id, using=using)]
+    """What the jobs ``job_id`` depends on ended as, and their results, in edge order.
+
+    A result its handler stored encrypted is decrypted (``Undecryptable`` if it cannot be).
+    """
+    return [DependencyResult(dependency, task, status,
+                             encryption.opened(result, where=encryption.RESULT, owner=task),
+                             requires)
+            for dependency, task, status, result, requires
+            in transitions.dependency_results(job_id, using=using)]
 
 
 @dataclass(frozen=True)

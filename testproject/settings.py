@@ -96,6 +96,10 @@ PGJOBS_RESCUE_INTERVAL_SECONDS = env.float("PGJOBS_RESCUE_INTERVAL_SECONDS", def
 PGJOBS_POLL_INTERVAL_SECONDS = env.float("PGJOBS_POLL_INTERVAL_SECONDS", default=0.2)
 # Jobs of a killed demo worker come back after this lease instead of the default 30 s.
 PGJOBS_LEASE_SECONDS = env.int("PGJOBS_LEASE_SECONDS", default=5)
+# The key of the project's encrypted fields, for the tests and the demo only: a real project
+# keeps its keys out of its code (an environment variable, a secret store). The first encrypts.
+PGJOBS_ENCRYPTION_KEYS = env.list(
+    "PGJOBS_ENCRYPTION_KEYS", default=["WQFACUKYJb8ZRROhPLuY4r92iwCrWS-nVlCFjbyazs0="])
 # A test points a burst worker at a closed port and shortens how long it keeps trying.
 if env.str("PGJOBS_BURST_UNREACHABLE_SECONDS", default=""):
     PGJOBS_BURST_UNREACHABLE_SECONDS = env.float("PGJOBS_BURST_UNREACHABLE_SECONDS")

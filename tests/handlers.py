@@ -311,3 +311,20 @@ async def aprogress(ctx: JobContext, payload: Any) -> Any:
     for step in range(1, payload["steps"] + 1):
         await ctx.aprogress(step, payload["steps"])
     return payload["steps"]
+
+
+# --- encrypted fields (tests/test_encryption.py) ---
+
+
+@job("tests.encrypted_charge", encrypted=["card.number", "token"],
+     encrypted_result=["receipt_token", "provider.provider_token"])
+def encrypted_charge(ctx: JobContext, payload: Any) -> Any:
+    events.append(("encrypted_charge", payload))
+    if payload.get("fail"):
+        raise ValueError(f"card {payload['card']['number']} was declined")
+    with ctx.receipt("tests.provider", key=f"charge:{payload['order']}",
+                     encrypted=["provider_token"]) as receipt:
+        if not receipt.done:
+            receipt.result = {"provider_token": f"pt-{payload['token']}", "order": payload["order"]}
+    return {"receipt_token": f"rt-{payload['token']}", "order": payload["order"],
+            "provider": receipt.result}

@@ -60,6 +60,7 @@ def test_the_readme_installs_from_a_checkout_or_a_wheel_not_from_the_unpublished
     install = readme_sections()["Install"]
     commands = re.findall(r"^pip install (\S+)", install, re.MULTILINE)
     assert commands == ["./django-pgjobs", "'./django-pgjobs[metrics]'", "'./django-pgjobs[otel]'",
+                        "'./django-pgjobs[pydantic]'", "'./django-pgjobs[encryption]'",
                         "dist/django_pgjobs-0.1.0-py3-none-any.whl"]
     assert "not published on PyPI yet" in install
     assert "Once it is published, `pip install django-pgjobs`" in install

@@ -28,7 +28,8 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from .. import history, sql, transitions
+from .. import encryption, history, sql, transitions
+from ..exceptions import Undecryptable
 from ..models import (
     Attempt,
     Dependency,
@@ -37,6 +38,7 @@ from ..models import (
     OperatorAction,
     OperatorActionKind,
 )
+from ..redaction import masked
 from ..registry import redactor_for
 from ..status import TERMINAL_STATUSES, JobStatus, TerminalReason
 from .actions import (
@@ -319,6 +321,11 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
             "pgjobs.view_raw_payload"
         )
 
+    def has_reveal_encrypted_permission(self, request: HttpRequest) -> bool:
+        # Decrypting is a look at the raw payload and more: it needs both permissions.
+        return self.has_raw_payload_permission(request) and request.user.has_perm(
+            "pgjobs.reveal_encrypted")
+
     # --- list ---
 
     @admin.display(description="attempts")
@@ -521,14 +528,35 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         job = self.get_object(request, object_id)
         if job is None:
             raise Http404("no such job")
+        sealed = [encryption.spelled(where, location)
+                  for where, value in (("payload", job.payload), ("result", job.result))
+                  for location, _ in encryption.envelopes(value)]
+        can_decrypt = bool(sealed) and self.has_reveal_encrypted_permission(request)
         context: dict[str, Any] = {
             **self.admin_site.each_context(request), "opts": self.opts, "job": job,
             "title": f"Raw payload of job {job.pk}", "revealed": request.method == "POST",
+            "sealed": sealed, "can_decrypt": can_decrypt, "decrypted": False,
         }
         if request.method == "POST":
+            payload, result = masked(job.payload), masked(job.result)
+            if "decrypt" in request.POST and sealed:
+                if not can_decrypt:
+                    return self.permission_needed(
+                        request, "pgjobs.reveal_encrypted", "Decrypting encrypted fields",
+                        back_url=reverse("admin:pgjobs_job_change", args=[object_id]))
+                try:
+                    payload = encryption.opened(job.payload, where=encryption.PAYLOAD,
+                                                owner=job.task)
+                    result = encryption.opened(job.result, where=encryption.RESULT,
+                                               owner=job.task)
+                except Undecryptable as exc:
+                    context["decrypt_error"] = str(exc)
+                else:
+                    context["decrypted"] = True
+                    transitions.record_encrypted_reveal(job.pk, sealed, actor=_actor(request))
             transitions.record_raw_payload_view(job.pk, actor=_actor(request))
-            context["payload"] = pretty(job.payload)
-            context["result"] = None if job.result is None else pretty(job.result)
+            context["payload"] = pretty(payload)
+            context["result"] = None if job.result is None else pretty(result)
         return TemplateResponse(request, "admin/pgjobs/job/raw_payload.html", context)
 
     def permission_needed(

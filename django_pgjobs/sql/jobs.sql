@@ -505,3 +505,33 @@ RETURNING j.id
 -- After an operator's retry: the retried jobs' dependents that their end had cancelled wait
 -- for them again, down the branch (pgjobs_dependencies_reopen, migration 0014).
 SELECT pgjobs_dependencies_reopen(%s::bigint[])
+
+-- name: jobs_to_reseal
+-- One window of jobs in id order after %(after)s, for pgjobs_rotate_keys: every id of the window
+-- (the next one starts after the last), with the payload and result as text only for the rows
+-- that hold an encrypted value, so a window of plain jobs sends ids only.
+WITH window_rows AS (
+    SELECT id, task, payload::text AS payload, result::text AS result
+    FROM pgjobs_job
+    WHERE id > %(after)s
+    ORDER BY id
+    LIMIT %(limit)s
+)
+SELECT id, task,
+       strpos(payload, 'pgjobs:enc:v1:') > 0 OR strpos(result, 'pgjobs:enc:v1:') > 0,
+       payload, result
+FROM window_rows
+ORDER BY id
+
+-- name: reseal_jobs
+-- Write the payloads and results pgjobs_rotate_keys sealed again (a null: left as it is), each
+-- only where the row still holds the text that was read: a result a worker wrote since is read
+-- and sealed again, never lost.
+UPDATE pgjobs_job AS j
+SET payload = coalesce(c.payload::jsonb, j.payload), result = coalesce(c.result::jsonb, j.result)
+FROM jsonb_to_recordset(%(rows)s::jsonb)
+     AS c(id bigint, payload text, result text, was_payload text, was_result text)
+WHERE j.id = c.id
+  AND j.payload::text = c.was_payload
+  AND j.result::text IS NOT DISTINCT FROM c.was_result
+RETURNING j.id

@@ -34,3 +34,25 @@ WITH doomed AS (
 DELETE FROM pgjobs_receipt AS r
 USING doomed
 WHERE r.id = doomed.id AND r.expires_at < now()
+
+-- name: receipts_to_reseal
+-- One window of receipts in id order after %(after)s, for pgjobs_rotate_keys; the result as text
+-- only for those that hold an encrypted value.
+WITH window_rows AS (
+    SELECT id, scope, result::text AS result
+    FROM pgjobs_receipt
+    WHERE id > %(after)s
+    ORDER BY id
+    LIMIT %(limit)s
+)
+SELECT id, scope, strpos(result, 'pgjobs:enc:v1:') > 0, result
+FROM window_rows
+ORDER BY id
+
+-- name: reseal_receipts
+-- Write the receipt results sealed again, where the row still holds the text that was read.
+UPDATE pgjobs_receipt AS r
+SET result = c.result::jsonb
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS c(id bigint, result text, was_result text)
+WHERE r.id = c.id AND r.result::text IS NOT DISTINCT FROM c.was_result
+RETURNING r.id

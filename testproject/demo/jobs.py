@@ -149,3 +149,13 @@ def call_provider(ctx: JobContext, payload: dict[str, Any]) -> None:
     provider's, whichever workers run the calls."""
     if payload.get("retry_after") is not None:
         raise RateLimited(retry_after=payload["retry_after"])
+
+
+@job("demo.card_payment", encrypted=["card.number"], encrypted_result=["authorization"])
+def card_payment(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Charge a card whose number is stored encrypted, and store the authorization so too."""
+    number = payload["card"]["number"]
+    if not number.isdigit():
+        raise Permanent("the card number is not a number")
+    time.sleep(payload.get("sleep", 0))
+    return {"authorization": f"auth-{number[-4:]}-{payload['order']}", "order": payload["order"]}

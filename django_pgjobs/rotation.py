@@ -1,0 +1,130 @@
+"""Key rotation: every encrypted value sealed again under the first key, batch by batch.
+
+``PGJOBS_ENCRYPTION_KEYS`` lists the new key first and keeps the old ones, so every process
+seals with the new key and still opens the old values; ``rotate_keys`` then walks the job and
+receipt tables in id order, one bounded window per statement, and writes each value sealed
+under another key again. Workers keep running: a write lands only where the row still holds what
+was read (a worker that settled a job in between wrote its result, which the next pass reads and
+seals again), so nothing a worker wrote is lost and no row waits on a lock of ours for longer
+than one UPDATE. Once the pass ends with nothing left under an old key, the old key can go.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import encryption, receipts, transitions
+from .exceptions import Undecryptable
+
+# How often one window is read again because rows changed under it, before giving up on them.
+WINDOW_PASSES = 10
+
+
+@dataclass
+class Rotation:
+    """What one pass did."""
+
+    rows_read: int = 0
+    rows_written: int = 0
+    values_resealed: int = 0
+    # Rows whose values do not open under any configured key: (table, id, why).
+    unopened: list[tuple[str, int, str]] = field(default_factory=list)
+
+
+def rotate_keys(*, batch: int, using: str,
+                progress: Callable[[str, int], None] | None = None) -> Rotation:
+    """Seal every encrypted value of jobs and receipts under the first key; say what was done."""
+    rotation = Rotation()
+    encryption.keyring()  # EncryptionNotConfigured before anything is read
+    for table in ("job", "receipt"):
+        after = 0
+        passes = 0
+        while window := _window(table, after, batch, using):
+            pending = _resealed_rows(table, window, rotation)
+            written = _write(table, pending, using) if pending else set()
+            rotation.rows_written += len(written)
+            rotation.values_resealed += sum(n for row_id, (_, n) in pending.items()
+                                            if row_id in written)
+            if len(written) < len(pending):
+                # Rows changed since they were read (a worker settled a job): the window is
+                # read again, and what is sealed under the first key now is left alone.
+                passes += 1
+                if passes < WINDOW_PASSES:
+                    continue
+                raise RuntimeError(f"pgjobs_{table} rows after id {after} kept changing while "
+                                   "they were being sealed again; run the rotation again")
+            passes = 0
+            rotation.rows_read += len(window)
+            after = window[-1][0]
+            if progress is not None:
+                progress(table, after)
+    return rotation
+
+
+def stale_values(*, batch: int, using: str) -> dict[str, int]:
+    """How many encrypted values each key other than the first still seals, by key id."""
+    primary = encryption.keyring().primary
+    counts: dict[str, int] = {}
+    for table in ("job", "receipt"):
+        after = 0
+        while window := _window(table, after, batch, using):
+            for row in window:
+                for text in row[3:]:
+                    for _, key in encryption.envelopes(_parsed(text)):
+                        if key != primary:
+                            counts[key] = counts.get(key, 0) + 1
+            after = window[-1][0]
+    return counts
+
+
+def _window(table: str, after: int, batch: int, using: str) -> list[tuple[Any, ...]]:
+    if table == "job":
+        return transitions.jobs_to_reseal(after, batch, using=using)
+    return receipts.receipts_to_reseal(after, batch, using=using)
+
+
+def _resealed_rows(table: str, window: list[tuple[Any, ...]],
+                   rotation: Rotation) -> dict[int, tuple[dict[str, Any], int]]:
+    """The rows of ``window`` holding a value under an old key: each row to write, and how many
+    values it seals again, by id."""
+    wheres = (encryption.PAYLOAD, encryption.RESULT) if table == "job" else (encryption.RECEIPT,)
+    rows = {}
+    for row_id, owner, sealed, *texts in window:
+        if not sealed:
+            continue
+        try:
+            done = [encryption.resealed(_parsed(text), where=where, owner=owner)
+                    for text, where in zip(texts, wheres, strict=True)]
+        except Undecryptable as exc:
+            if (table, row_id, str(exc)) not in rotation.unopened:
+                rotation.unopened.append((table, row_id, str(exc)))
+            continue
+        count = sum(n for _, n in done)
+        if not count:
+            continue
+        # None: the column is left as it is (so a JSON null stays a JSON null).
+        new = [json.dumps(value) if n else None for value, n in done]
+        if table == "job":
+            row = {"id": row_id, "payload": new[0], "result": new[1],
+                   "was_payload": texts[0], "was_result": texts[1]}
+        else:
+            row = {"id": row_id, "result": new[0], "was_result": texts[0]}
+        rows[row_id] = (row, count)
+    return rows
+
+
+def _parsed(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _write(table: str, pending: dict[int, tuple[dict[str, Any], int]], using: str) -> set[int]:
+    rows = [row for row, _ in pending.values()]
+    if table == "job":
+        return transitions.reseal_jobs(rows, using=using)
+    return receipts.reseal_receipts(rows, using=using)
+
+
+__all__ = ["Rotation", "rotate_keys", "stale_values"]
