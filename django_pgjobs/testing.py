@@ -27,8 +27,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 from psycopg import pq
 
+from . import encryption
 from .claimed import ClaimedJob
 from .context import JobContext
+from .exceptions import PayloadInvalid, Undecryptable
 from .executor import broke_around, execute, timed_out
 from .models import Job
 from .outcomes import Outcome
@@ -177,7 +179,7 @@ def _mismatch(checks: list[Check], job: Job, shown_payload: Any = _UNSET) -> str
         shown_payload = job.payload
     for option, expected in checks:
         if option == "payload":
-            problem = _differs(expected, job.payload, "payload", shown_payload)
+            problem = _differs(_as_stored(job, expected), _plain(job), "payload", shown_payload)
         elif option in ("args", "kwargs"):
             payload = job.payload if isinstance(job.payload, dict) else {}
             if option not in payload:
@@ -193,6 +195,27 @@ def _mismatch(checks: list[Check], job: Job, shown_payload: Any = _UNSET) -> str
         if problem is not None:
             return problem
     return None
+
+
+def _as_stored(job: Job, expected: Any) -> Any:
+    """``expected`` as the job's row would hold it: a typed payload's JSON form."""
+    handler = registry.resolve(job.task, may_import=False)
+    if handler is None or handler.payload_type is None or isinstance(
+            expected, dict | list | str | int | float | bool | None):
+        return expected  # JSON already (or matchers in it, like ANY)
+    try:
+        return handler.payload_type.dump(expected)
+    except PayloadInvalid:
+        return expected  # differs, and the message quotes it as given
+
+
+def _plain(job: Job) -> Any:
+    """The job's payload with its encrypted fields decrypted, to compare with what a test
+    enqueued; as stored when they do not open."""
+    try:
+        return encryption.opened(job.payload, where=encryption.PAYLOAD, owner=job.task)
+    except Undecryptable:
+        return job.payload
 
 
 def _differs(expected: Any, actual: Any, path: str, display: Any = _UNSET) -> str | None:

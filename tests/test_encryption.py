@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -379,3 +380,30 @@ def test_a_rotation_while_workers_drain_loses_nothing_and_leaves_nothing_under_t
             n = payload["order"]
             assert payload["card"]["number"] == cards[n]
             assert result == {"authorization": f"auth-{cards[n][-4:]}-{n}", "order": n}
+
+
+def test_without_cryptography_a_declaration_and_the_keys_setting_say_which_extra_to_install(
+        ) -> None:
+    code = "\n".join([
+        "import sys; sys.modules['cryptography'] = None",
+        "from django.conf import settings; settings.configure()",
+        "from django_pgjobs import InvalidJobOption, job",
+        "from django_pgjobs.validation import setting_problem",
+        "job('plain')(lambda ctx, payload: None)",
+        "try:",
+        "    job('sealed', encrypted=['a'])(lambda ctx, payload: None)",
+        "except InvalidJobOption as exc:",
+        "    print('refused:', exc)",
+        f"print('setting:', setting_problem('ENCRYPTION_KEYS', [{OLD_KEY!r}]))",
+        "print('empty:', setting_problem('ENCRYPTION_KEYS', []))",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.splitlines()
+    assert out == [
+        "refused: task 'sealed': encrypted= encrypts with cryptography is not installed; the "
+        "encryption extra brings it: pip install './django-pgjobs[encryption]' (see the "
+        "README's Install)",
+        "setting: is set but cryptography is not installed; the encryption extra brings it: "
+        "pip install './django-pgjobs[encryption]' (see the README's Install)",
+        "empty: None",
+    ]

@@ -27,7 +27,7 @@ from django_pgjobs.checks import check_schedules
 from django_pgjobs.models import Job
 from django_pgjobs.registry import registry
 from django_pgjobs.status import FailureClass, JobStatus
-from django_pgjobs.testing import drain
+from django_pgjobs.testing import assert_enqueued, drain, refute_enqueued
 
 pytestmark = pytest.mark.django_db
 
@@ -211,3 +211,20 @@ def test_a_schedule_whose_payload_does_not_fit_is_a_system_check_error() -> None
         assert error.id == "pgjobs.E012" and "payload.qty" in error.msg
     finally:
         registry.remove("tests.typed.nightly")
+
+
+def test_the_testing_helpers_compare_with_the_model_and_the_decrypted_fields() -> None:
+    charge = Charge(order_id=1, amount_cents=1990, card=Card(number="4242424242424242",
+                                                              exp="12/30"))
+    enqueue("tests.typed.order", ORDER)
+    enqueue("tests.typed.charge", charge)
+    assert_enqueued("tests.typed.order", payload=ORDER)
+    assert_enqueued("tests.typed.order", payload=ORDER_JSON)
+    assert_enqueued("tests.typed.charge", payload=charge)
+    refute_enqueued("tests.typed.charge", payload=charge.model_copy(update={"order_id": 2}))
+    with pytest.raises(AssertionError) as caught:
+        assert_enqueued("tests.typed.charge",
+                        payload={**charge.model_dump(), "card": {"number": "4000000000000002",
+                                                                 "exp": "12/30"}})
+    # The failure quotes the job as a viewer may see it: never the decrypted card number.
+    assert "4242424242424242" not in str(caught.value)
