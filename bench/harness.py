@@ -420,6 +420,23 @@ def startup_cpu(
     return next(iter(workers.finished.values())).cpu_seconds
 
 
+def first_job_done(
+    database: str, remaining_sql: str, command: Sequence[str], log: Path, env: dict[str, str],
+    timeout: float = 60,
+) -> float:
+    """Seconds from spawning one worker until ``remaining_sql`` counts nothing outstanding."""
+    started = time.monotonic()
+    workers = Workers.start([command], child_env(database, **env), log)
+    try:
+        while execute(database, remaining_sql)[0][0] > 0:
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(f"{command[0]}: no job done within {timeout:g}s; see {log}")
+            time.sleep(0.005)
+        return time.monotonic() - started
+    finally:
+        workers.stop()
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100) by nearest rank."""
     ordered = sorted(values)

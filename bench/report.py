@@ -191,6 +191,20 @@ def render(results: dict[str, Any]) -> str:
                 targets.append(_target("drain ÷ pgbench floor (batch 10)", ratio, ">= 0.6",
                                        ratio >= 0.6))
 
+    startup = results.get("startup")
+    if startup:
+        base = startup.get("pgjobs", {}).get("median_s")
+        rows = [[name, _fmt(r["median_s"], 2),
+                 _fmt(r["median_s"] / base, 2) if base else "-",
+                 ", ".join(f"{s:.2f}" for s in r["samples"])] for name, r in startup.items()]
+        out += ["", "Worker start-up (one process spawned on a queue of one no-op job: seconds "
+                "until it is done; median)",
+                _table(["system", "s", "÷ pgjobs", "samples"], rows)]
+        if base and "pgqueuer" in startup:
+            ratio = base / startup["pgqueuer"]["median_s"]
+            targets.append(_target("worker start-up ÷ PgQueuer's", ratio, "<= 1.0",
+                                   ratio <= 1.0))
+
     pickup = results.get("pickup")
     if pickup:
         rows = [[name, _fmt(p["p50_ms"], 1), _fmt(p["p99_ms"], 1), _fmt(p["max_ms"], 1),

@@ -43,7 +43,7 @@ from bench.systems import (
 )
 
 RESULTS = harness.ROOT / "bench" / "results"
-SECTIONS = ("enqueue", "drain", "pickup", "history", "experiments")
+SECTIONS = ("enqueue", "drain", "startup", "pickup", "history", "experiments")
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,14 @@ class Sizes:
     history_claims: int
     drain_timeout: float
     repeats: int
+    startup_samples: int
 
 
-QUICK = Sizes(300, 4000, 2000, 10000, 1000, 10, (10_000, 50_000), 50, 120, 1)
-FULL = Sizes(2000, 40000, 20000, 100000, 8000, 100, (10_000, 100_000, 1_000_000), 200, 300, 3)
+QUICK = Sizes(300, 4000, 2000, 10000, 1000, 10, (10_000, 50_000), 50, 120, 1, 2)
+FULL = Sizes(2000, 40000, 20000, 100000, 8000, 100, (10_000, 100_000, 1_000_000), 200, 300, 3,
+             7)
+# The systems whose workers' start-up is timed: the headline's peers, then the slow two.
+STARTUP_SYSTEMS = (PGJOBS, PGQUEUER, CHANCY, OBAN, PROCRASTINATE, DJANGO_TASKS_DB)
 ENQUEUERS = [PGJOBS, PGJOBS_SERVER_BINDING, DJANGO_TASKS_DB, PROCRASTINATE, PGQUEUER, CHANCY,
              OBAN]
 
@@ -74,6 +78,12 @@ def log(message: str) -> None:
 
 
 def prepare(systems: list[System]) -> None:
+    # Workers import django_pgjobs and the peers' glue from this checkout. Compiled once here,
+    # as pip compiles an installed package, so that no worker compiles them at start-up (a
+    # PYTHONDONTWRITEBYTECODE environment would make every one of them do it, 80 ms apiece).
+    for python in sorted({system.interpreter for system in systems}):
+        subprocess.run([python, "-m", "compileall", "-q", "django_pgjobs", "bench"],
+                       cwd=harness.ROOT, check=True, stdout=subprocess.DEVNULL)
     for system in systems:
         harness.recreate_database(system.database)
         if system.name in ("pgjobs", "django-tasks-db"):
@@ -222,6 +232,28 @@ def run_experiments(sizes: Sizes) -> list[dict[str, Any]]:
     return [_median_row(r) for r in runs.values()]
 
 
+def run_startup(sizes: Sizes) -> dict[str, Any]:
+    """One worker process spawned on a queue holding one no-op job: seconds from the spawn
+    until the table shows the job done. Start-up as a deploy or an autoscaler meets it: the
+    interpreter, the imports, the framework's set-up, the first connection and claim."""
+    results = {}
+    for system in STARTUP_SYSTEMS:
+        python = system.interpreter
+        command = system.worker_command(burst=True)
+        samples = []
+        for sample in range(sizes.startup_samples):
+            log(f"start-up: {system.name} ({sample + 1}/{sizes.startup_samples})")
+            harness.measure(system.client, "reset", system.database, python=python)
+            harness.measure(system.client, "preload", system.database, python=python, n=1)
+            samples.append(harness.first_job_done(
+                system.database, system.remaining_sql, command,
+                RESULTS / "logs" / f"startup-{system.client}.log", system.env))
+        harness.measure(system.client, "reset", system.database, python=python)
+        results[system.name] = {"median_s": _median(samples),
+                                "samples": [round(s, 3) for s in samples]}
+    return results
+
+
 def run_pickup(sizes: Sizes) -> dict[str, Any]:
     results = {}
     for system in ALL:
@@ -321,7 +353,8 @@ def main() -> None:
                                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     log("preparing bench databases")
     prepare(ALL)
-    sections = {"enqueue": run_enqueue, "drain": run_drain, "pickup": run_pickup,
+    sections = {"enqueue": run_enqueue, "drain": run_drain, "startup": run_startup,
+                "pickup": run_pickup,
                 "history": run_history, "experiments": run_experiments}
     with neighbour(args.noisy):
         for name in args.only:

@@ -48,6 +48,15 @@ except ImportError:
 
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 
+# A worker or client of one of the two (BENCH_APPS, set by bench/systems.py) loads that one's
+# apps only, as a project that uses one queue does: neither pays for importing the other at
+# start-up. The runner and the migrations load both.
+_ONLY = {"pgjobs": {"django_tasks", "django_tasks_db"}, "django-tasks-db": {"django_pgjobs"}}
+INSTALLED_APPS = [app for app in INSTALLED_APPS
+                  if app not in _ONLY.get(os.environ.get("BENCH_APPS", ""), set())]
+if "django_tasks_db" not in INSTALLED_APPS:
+    TASKS = {}
+
 # Overrides for one run (the soak shortens retention this way), as JSON settings names/values.
 for _name, _value in json.loads(os.environ.get("BENCH_PGJOBS_SETTINGS", "{}")).items():
     if not _name.startswith("PGJOBS_"):

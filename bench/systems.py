@@ -37,6 +37,10 @@ class System:
     # The interpreter that runs its client (``bench.measure``), when not the runner's own.
     python: str = ""
 
+    def __post_init__(self) -> None:
+        if self.client in ("pgjobs", "django-tasks-db"):  # their own apps only: bench/settings.py
+            object.__setattr__(self, "env", {"BENCH_APPS": self.client, **self.env})
+
     @property
     def interpreter(self) -> str:
         return self.python or harness.PYTHON

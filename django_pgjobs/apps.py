@@ -1,6 +1,13 @@
-import contextlib
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from django.apps import AppConfig
+
+from .registry import DJANGO_TASK_PREFIX
+
+if TYPE_CHECKING:
+    from .registry import Handler
 
 
 class PgJobsConfig(AppConfig):
@@ -26,7 +33,16 @@ class PgJobsConfig(AppConfig):
         if setting_problem("HANDLER_MODULES", modules) is None:
             for module in modules:
                 autodiscover_modules(module)
-        # The django.tasks integration resolves the names of @task functions for workers; without
-        # Django 6 or the django-tasks backport there is no @task to run.
-        with contextlib.suppress(ImportError):
-            from . import backend  # noqa: F401
+        # The django.tasks integration resolves the names of @task functions for workers. It is
+        # imported at the first such name, not here: a project that uses no @task does not pay
+        # for Django's task framework (the backport's import is a twentieth of a worker's
+        # start-up), and without Django 6 or the backport there is no @task to run.
+        registry.add_resolver(DJANGO_TASK_PREFIX, _resolve_task)
+
+
+def _resolve_task(name: str, may_import: bool) -> Handler | None:
+    try:
+        from .backend.runner import resolve_handler
+    except ImportError:
+        return None
+    return resolve_handler(name, may_import)

@@ -149,9 +149,6 @@ class PgJobsBackend(BaseTaskBackend):
         return messages
 
 
-
-registry.add_resolver(DJANGO_TASK_PREFIX, resolve_handler)
-
 __all__ = [
     "InvalidTaskOption",
     "PgJobsBackend",
