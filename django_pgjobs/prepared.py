@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 import time
 import weakref
@@ -298,10 +299,23 @@ def _literal(raw: Any, conforming: bool, value: Any) -> str:
     """``value`` as an SQL literal for this connection.
 
     ASCII text (the settle's JSON document always is) is quoted here: where strings conform
-    to the standard, a quote doubled is the only escape there is. Anything else psycopg quotes.
+    to the standard, a quote doubled is the only escape there is. None, booleans, integers and
+    finite floats are written here too (an enqueue's row is mostly these); anything else
+    psycopg quotes. The prepared statement gave each parameter its type, which the literal is
+    read as.
     """
-    if conforming and isinstance(value, str) and value.isascii():
-        return "'" + value.replace("'", "''") + "'"
+    kind = type(value)
+    if kind is str:
+        if conforming and value.isascii():
+            return "'" + value.replace("'", "''") + "'"
+    elif value is None:
+        return "NULL"
+    elif kind is bool:
+        return "true" if value else "false"
+    elif kind is int:
+        return int.__repr__(value)
+    elif kind is float and math.isfinite(value):
+        return float.__repr__(value)
     return str(raw.mogrify("%s", [value]))
 
 
@@ -324,10 +338,16 @@ def _held(cursor: Any) -> list[str]:
     return [name for (name,) in cursor.fetchall()]
 
 
+def lost_statement(error: BaseException) -> bool:
+    """Whether ``error`` says a statement this module counted on was not prepared in the
+    session (or was already): the statement can be sent again in full."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    return getattr(cause, "sqlstate", None) in _LOST_SESSION_CODES
+
+
 def _forget(session: _Session, using: str, error: BaseException) -> None:
     session.known = False
-    cause = error.__cause__ if error.__cause__ is not None else error
-    if getattr(cause, "sqlstate", None) in _LOST_SESSION_CODES:
+    if lost_statement(error):
         count = _lost_sessions[using] = _lost_sessions.get(using, 0) + 1
         if count == _LOST_SESSION_LIMIT:
             logger.warning(
@@ -368,4 +388,5 @@ def reset(using: str) -> None:
         _sessions[connection.connection] = _Session()
 
 
-__all__ = ["REPLAN_SECONDS", "Statement", "enabled", "prepare", "reset", "run"]
+__all__ = ["REPLAN_SECONDS", "Statement", "enabled", "lost_statement", "prepare", "reset",
+           "run"]

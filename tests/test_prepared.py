@@ -222,3 +222,60 @@ def test_a_statement_of_the_same_values_keeps_its_execute_for_the_session() -> N
     for n in range(100):  # a churn of values is not kept without bound
         prepared.run("default", [(same, ["a", str(n)])])
     assert len(session.bound) <= 64
+
+
+TYPED = Statement(
+    "test_typed", "SELECT %s::int8 AS i, %s::float8 AS f, %s::boolean AS b, %s::text AS t, "
+    "%s::timestamptz AS at")
+
+
+@pytest.mark.parametrize("values", [
+    [0, 0.0, False, None, None],
+    [-(2**62), -1.5e-300, True, "x", None],
+    [2**62, 1.7976931348623157e308, None, None, None],
+    [None, float("inf"), None, None, None],
+])
+def test_none_bools_ints_and_floats_are_written_as_literals_the_parameter_types_read_back(
+        values) -> None:
+    [(_, [row])] = prepared.run("default", [(TYPED, values)])
+    assert list(row) == values
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_in_autocommit_is_prepared_and_one_in_a_transaction_sent_in_full() -> None:
+    from django_pgjobs import enqueue
+
+    with CaptureQueriesContext(connection) as queries:
+        first = enqueue("tests.ok", {"n": 1}, priority=-3, timeout=2.5, max_attempts=7)
+        enqueue("tests.ok", {"n": 2})
+        with transaction.atomic():
+            enqueue("tests.ok", {"n": 3})
+    statements = [q for q in sent(queries) if "pgjobs_job" in q or "EXECUTE" in q]
+    assert statements[0].startswith("PREPARE pgjobs_insert_job_")
+    assert statements[1].startswith("EXECUTE pgjobs_insert_job_")
+    assert statements[2].lstrip().startswith("-- One job") and "INSERT INTO pgjobs_job" in (
+        statements[2])
+    stored = Job.objects.get(pk=first.pk)
+    assert (stored.priority, stored.timeout_seconds, stored.max_attempts, stored.payload) == (
+        -3, 2.5, 7, {"n": 1})
+    assert (first.run_at, first.deadline) == (stored.run_at, stored.deadline)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_whose_statement_the_session_lost_is_sent_in_full_and_nothing_fails() -> None:
+    from django_pgjobs import enqueue
+
+    enqueue("tests.ok", {"n": 1})  # prepared in the session
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # the application's code, behind the library's back
+    # Autocommit: the EXECUTE fails, nothing was written, and the row is sent again in full.
+    enqueue("tests.ok", {"n": 2})
+    with transaction.atomic():  # in a transaction nothing is prepared: it cannot fail there
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+        enqueue("tests.ok", {"n": 3})
+        assert Job.objects.count() == 3
+    with CaptureQueriesContext(connection) as queries:
+        enqueue("tests.ok", {"n": 4})  # the session was read again: prepared anew
+    assert any(q.startswith("PREPARE pgjobs_insert_job_") for q in sent(queries))
+    assert sorted(j.payload["n"] for j in Job.objects.all()) == [1, 2, 3, 4]
