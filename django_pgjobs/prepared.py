@@ -1,7 +1,8 @@
-"""The worker's hot statements, prepared once per connection and executed by name.
+"""The hot statements, prepared once per connection and executed by name.
 
 Parsing and planning the claim and the settle costs the server about as much again as running
-them (``docs/benchmarks.md``), on every execution. A prepared statement is planned once: after
+them (``docs/benchmarks.md``), on every execution; so does the one-job INSERT, which is
+prepared where no caller's transaction depends on it (``transitions.insert_job``). A prepared statement is planned once: after
 five executions PostgreSQL keeps a generic plan, if it costs no more than the custom ones.
 
 They are SQL-level ``PREPARE`` and ``EXECUTE``, not the protocol's, so that a statement still
