@@ -2,8 +2,9 @@
 
 Parsing and planning the claim and the settle costs the server about as much again as running
 them (``docs/benchmarks.md``), on every execution; so does the one-job INSERT, which is
-prepared where no caller's transaction depends on it (``transitions.insert_job``). A prepared statement is planned once: after
-five executions PostgreSQL keeps a generic plan, if it costs no more than the custom ones.
+prepared where no caller's transaction depends on it (``transitions.insert_job``). A prepared
+statement is planned once: after five executions PostgreSQL keeps a generic plan, if it costs
+no more than the custom ones.
 
 They are SQL-level ``PREPARE`` and ``EXECUTE``, not the protocol's, so that a statement still
 travels in the same simple-protocol message as the others of its transaction (Django binds

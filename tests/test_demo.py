@@ -47,6 +47,9 @@ def test_the_demo_drains_its_workload_and_leaves_two_admin_users(monkeypatch) ->
     # Its workflows ran through the kill: every callback, and no job before its dependencies.
     assert ("workflows: 5 chords of 10 (callbacks run: 5) and 10 chains of 4; 80 edges waited "
             "on, 0 of them started before their dependency ended") in summary
+    # Its card payments ran through the kill too, their card numbers never stored in plaintext.
+    assert ("card payments: 20 of 20 done; card numbers and authorizations found in plaintext "
+            "in the job table: 0") in summary
     assert "run `make admin`, then open http://127.0.0.1:8000/admin/pgjobs/job/" in summary
 
     charge = Job.objects.filter(task="demo.charge").first()

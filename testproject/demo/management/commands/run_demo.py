@@ -31,6 +31,8 @@ ADMIN_URL = "http://127.0.0.1:8000/admin/pgjobs/job/"
 DASHBOARD_URL = "http://127.0.0.1:8000/admin/pgjobs/job/dashboard/"
 # Export jobs of three customers, at most one of a customer's at once (demo.export's Limit).
 EXPORTS = 60
+# Card payments whose card numbers (and authorizations) the job table holds encrypted.
+PAYMENTS = 20
 # Workflows (docs/workflows.md): chords of render jobs, each with a publishing callback, and
 # chains of steps, each step after the one before.
 CHORDS, CHORD_WIDTH, CHAINS, CHAIN_LENGTH = 5, 10, 10, 4
@@ -123,6 +125,8 @@ class Command(BaseCommand):
         # first of each customer wait throttled, and each end of a run hands its slot on.
         mix += [JobSpec.of("demo.export", {"customer": f"customer-{i % 3}", "seconds": 0.02})
                 for i in range(EXPORTS)]
+        mix += [JobSpec.of("demo.card_payment", {"order": i, "card": {"number": _card(i)}})
+                for i in range(PAYMENTS)]
         django_pgjobs.enqueue_many(mix)
         # Each workflow in one call: its jobs and edges commit together.
         for c in range(CHORDS):
@@ -212,8 +216,21 @@ class Command(BaseCommand):
         out(f"exports: {done} of {EXPORTS} done for {len(windows)} customers under a limit of 1 "
             f"per customer; most of one customer's running at once: {most}")
         out(self._workflows())
+        out(self._payments())
         if self._unfinished():
             out(f"NOT FINISHED: {self._unfinished()} jobs still waiting")
+
+    def _payments(self) -> str:
+        """The card payments, and whether any card number is in the table in plaintext."""
+        done = Job.objects.filter(task="demo.card_payment", status=JobStatus.SUCCEEDED).count()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT string_agg(concat_ws(' ', payload::text, result::text), ' ') "
+                           "FROM pgjobs_job WHERE task = 'demo.card_payment'")
+            stored = cursor.fetchone()[0] or ""
+        plaintext = sum(_card(i) in stored or f"auth-{_card(i)[-4:]}-{i}" in stored
+                        for i in range(PAYMENTS))
+        return (f"card payments: {done} of {PAYMENTS} done; card numbers and authorizations "
+                f"found in plaintext in the job table: {plaintext}")
 
     def _workflows(self) -> str:
         """How the workflows went: every job that waited started only after its dependencies
@@ -233,6 +250,10 @@ class Command(BaseCommand):
         return (f"workflows: {CHORDS} chords of {CHORD_WIDTH} (callbacks run: {callbacks}) and "
                 f"{CHAINS} chains of {CHAIN_LENGTH}; {waited} edges waited on, {early} of them "
                 "started before their dependency ended")
+
+
+def _card(i: int) -> str:
+    return f"4000{i:012d}"
 
 
 def at_once(spans: list[tuple[Any, Any]]) -> int:
