@@ -213,3 +213,34 @@ def test_a_job_waiting_out_its_backoff_is_run_now_from_its_own_page(
     expect(page.locator("ul.messagelist")).to_contain_text("Made 1 job due now.")
     assert Job.objects.get(pk=waiting.pk).status == JobStatus.READY
     assert OperatorAction.objects.get().action == "run_now"
+
+
+def test_an_encrypted_field_shows_as_encrypted_until_an_audited_reveal(
+    live_server: Any, page: Page, screenshot: Callable[[str], Path]
+) -> None:
+    from django_pgjobs import enqueue
+
+    card, token = "4000000000000077", "tok_live_browser"
+    sealed = enqueue("tests.encrypted_charge", {"order": 9, "card": {"number": card},
+                                                "token": token})
+    user("keeper", "view_job", "view_raw_payload", "reveal_encrypted")
+    log_in(page, live_server.url, "keeper")
+    page.goto(f"{live_server.url}/admin/pgjobs/job/{sealed.pk}/change/")
+    expect(page.locator("body")).to_contain_text("[encrypted, key ")
+    assert card not in page.content() and token not in page.content()
+    screenshot("encrypted-detail")
+
+    page.click("#pgjobs-raw-payload-link")
+    expect(page.locator("#pgjobs-reveal-form")).to_contain_text("stay encrypted")
+    page.click("#pgjobs-reveal")  # the raw payload: its encrypted fields still encrypted
+    expect(page.locator("#pgjobs-sealed")).to_contain_text("payload.card.number, payload.token")
+    assert card not in page.content() and token not in page.content()
+    assert not OperatorAction.objects.filter(action="reveal_encrypted").exists()
+
+    page.goto(f"{live_server.url}/admin/pgjobs/job/{sealed.pk}/raw-payload/")
+    page.click("#pgjobs-decrypt")
+    expect(page.locator("#pgjobs-decrypted")).to_be_visible()
+    expect(page.locator("#pgjobs-raw-payload")).to_contain_text(card)
+    screenshot("encrypted-revealed")
+    reveal = OperatorAction.objects.get(action="reveal_encrypted")
+    assert (reveal.actor_name, reveal.job_ids) == ("keeper", [sealed.pk])
