@@ -32,6 +32,7 @@ from typing import Any
 
 from .conf import settings
 from .exceptions import EncryptedPathMissing, EncryptionNotConfigured, Undecryptable
+from .payloads import encode_json
 from .redaction import ANY_STEP, ENVELOPE, ENVELOPE_PREFIX, compile_path
 from .validation import ENCRYPTION_KEY_BYTES, encryption_key_bytes, setting_problem
 
@@ -60,9 +61,10 @@ class Keyring:
     primary: str
     ciphers: dict[str, Any]  # key id -> AESGCM
 
-    def seal(self, value: Any, associated: bytes) -> str:
-        plaintext = json.dumps(value, separators=(",", ":"), ensure_ascii=False,
-                               allow_nan=False).encode("utf-8")
+    def seal(self, value: Any, associated: bytes, root: str = "value") -> str:
+        """The envelope of ``value``; ``PayloadNotJSON`` at ``root`` if it is not JSON."""
+        plaintext = encode_json(value, root=root,
+                                max_depth=settings.MAX_PAYLOAD_DEPTH).encode("utf-8")
         nonce = os.urandom(NONCE_BYTES)
         sealed = self.ciphers[self.primary].encrypt(nonce, plaintext, associated)
         token = base64.urlsafe_b64encode(nonce + sealed).decode("ascii").rstrip("=")
@@ -128,26 +130,30 @@ def _associated(where: str, owner: str, location: Sequence[object]) -> bytes:
 # --- writing -------------------------------------------------------------------------------
 
 
-def seal(value: Any, paths: Sequence[str], *, where: str, owner: str) -> Any:
+def seal(value: Any, paths: Sequence[str], *, where: str, owner: str,
+         keep_sealed: bool = False) -> Any:
     """A copy of ``value`` with the value at each path sealed; ``value`` itself is left alone.
 
-    A path must name at least one value; a value that is an envelope already (a replay's
-    payload) stays as it is.
+    A path of keys and indexes must name a value; one with a ``*`` may match none (an empty
+    list). What a caller gives is always sealed, an envelope-shaped string too: one copied from
+    another job's row must not open as this job's. ``keep_sealed``: the value is a row's, as
+    stored (a replay's), and its envelopes stay as they are.
     """
     if not paths:
         return value
     ring = keyring()
     for path in paths:
+        steps = compile_path(path)
         found = [False]
 
         def sealed(old: Any, location: tuple[object, ...], found: list[bool] = found) -> Any:
             found[0] = True
-            if isinstance(old, str) and ENVELOPE.fullmatch(old):
+            if keep_sealed and isinstance(old, str) and ENVELOPE.fullmatch(old):
                 return old
-            return ring.seal(old, _associated(where, owner, location))
+            return ring.seal(old, _associated(where, owner, location), spelled(where, location))
 
-        value = _replace_at(value, compile_path(path), (), sealed)
-        if not found[0]:
+        value = _replace_at(value, steps, (), sealed)
+        if not found[0] and ANY_STEP not in steps:
             raise EncryptedPathMissing(where, path)
     return value
 
@@ -200,13 +206,40 @@ def holds_envelopes(value: Any) -> bool:
     return False
 
 
-def opened(value: Any, *, where: str, owner: str) -> Any:
-    """``value`` with every envelope opened; ``Undecryptable`` names the first that does not."""
-    if not holds_envelopes(value):
+def opened(value: Any, paths: Sequence[str], *, where: str, owner: str) -> Any:
+    """``value`` with the envelopes at ``paths`` opened; ``Undecryptable`` names the first that
+    does not. Only the declared paths: a string elsewhere that looks like an envelope is data
+    (a user's text) and stays as it is."""
+    if not paths or not holds_envelopes(value):
         return value
-    ring = keyring_for_reading(where)
-    return _walk(value, (), lambda envelope, location: _open(
-        ring, envelope, where, owner, location))
+    rings: list[Keyring] = []
+
+    def open_if_sealed(old: Any, location: tuple[object, ...]) -> Any:
+        match = (ENVELOPE.fullmatch(old) if isinstance(old, str)
+                 and old.startswith(ENVELOPE_PREFIX) else None)
+        if match is None:
+            return old  # written before the path was declared encrypted
+        if not rings:
+            rings.append(keyring_for_reading(where))
+        return _open(rings[0], match, where, owner, location)
+
+    for path in paths:
+        value = _replace_at(value, compile_path(path), (), open_if_sealed)
+    return value
+
+
+def sealed_at(value: Any, paths: Sequence[str], *, where: str) -> list[str]:
+    """The spelled locations of the envelopes at ``paths`` (what a reveal would decrypt)."""
+    found: list[str] = []
+
+    def note(old: Any, location: tuple[object, ...]) -> Any:
+        if isinstance(old, str) and ENVELOPE.fullmatch(old):
+            found.append(spelled(where, location))
+        return old
+
+    for path in paths:
+        _replace_at(value, compile_path(path), (), note)
+    return found
 
 
 def keyring_for_reading(where: str) -> Keyring:

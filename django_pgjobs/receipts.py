@@ -100,7 +100,7 @@ def receipt(
             cursor.execute(sql.query("read_receipt"), [scope, key])
             receipt_id, stored = cursor.fetchone()
             value = json.loads(stored) if isinstance(stored, str) else stored
-            value = encryption.opened(value, where=encryption.RECEIPT, owner=scope)
+            value = encryption.opened(value, paths, where=encryption.RECEIPT, owner=scope)
             held = Receipt(scope, key, done=True, result=value, encrypted=paths)
         yield held
         if not held.done and held._new_result is not _UNSET:

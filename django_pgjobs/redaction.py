@@ -246,8 +246,12 @@ def _redact_keys(value: Any, keys: tuple[tuple[str, ...], ...], hidden: list[Any
 # --- text -----------------------------------------------------------------------------------
 
 
+_SHOWN_ENCRYPTED = re.compile(r"\[encrypted, key [0-9a-f]{8}\]")
+
+
 def _shown_encrypted(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith("[encrypted, key ")
+    """Whether ``value`` is exactly what ``masked`` shows for an encrypted value."""
+    return isinstance(value, str) and _SHOWN_ENCRYPTED.fullmatch(value) is not None
 
 
 def masked(value: Any) -> Any:

@@ -177,15 +177,18 @@ class Handler:
         self.payload_type.dump(upgraded)
         return payload
 
-    def sealed(self, plain: Any) -> Any:
-        """A copy of ``plain`` with the declared fields encrypted (``encryption.seal``)."""
+    def sealed(self, plain: Any, *, stored: bool = False) -> Any:
+        """A copy of ``plain`` with the declared fields encrypted (``encryption.seal``);
+        ``stored``: a row's payload (a replay's), whose encrypted fields stay as they are."""
         if not self.encrypted:
             return plain
-        return encryption.seal(plain, self.encrypted, where=encryption.PAYLOAD, owner=self.name)
+        return encryption.seal(plain, self.encrypted, where=encryption.PAYLOAD, owner=self.name,
+                               keep_sealed=stored)
 
     def payload_for_handler(self, stored: Any, version: int) -> Any:
         """What the handler is called with: ``stored`` decrypted, upgraded and typed."""
-        payload = encryption.opened(stored, where=encryption.PAYLOAD, owner=self.name)
+        payload = encryption.opened(stored, self.encrypted, where=encryption.PAYLOAD,
+                                    owner=self.name)
         payload = upgrade_payload(self, payload, version)
         if self.payload_type is not None:
             payload = self.payload_type.load(payload)

@@ -106,7 +106,7 @@ def _resealed_rows(table: str, window: list[tuple[Any, ...]],
         if not count:
             continue
         # None: the column is left as it is (so a JSON null stays a JSON null).
-        new = [json.dumps(value) if n else None for value, n in done]
+        new = [_written(value) if n else None for value, n in done]
         if table == "job":
             row = {"id": row_id, "payload": new[0], "result": new[1],
                    "was_payload": texts[0], "was_result": texts[1]}
@@ -116,8 +116,24 @@ def _resealed_rows(table: str, window: list[tuple[Any, ...]],
     return rows
 
 
+class _Number(str):
+    """A number as the row's text wrote it: written back the same, never through a float."""
+
+
 def _parsed(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else json.loads(text, parse_float=_Number, parse_int=_Number)
+
+
+def _written(value: Any) -> str:
+    """``value`` as JSON text, its numbers as they were read (``_Number``)."""
+    if type(value) is _Number:
+        return str.__str__(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{_written(v)}"
+                              for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(map(_written, value)) + "]"
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _write(table: str, pending: dict[int, tuple[dict[str, Any], int]], using: str) -> set[int]:

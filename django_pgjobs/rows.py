@@ -219,7 +219,10 @@ class Combination:
         handler = checked.handler
         payload = plain = spec.payload
         if type(payload) is StoredPayload:
+            # Fields declared encrypted since the original was enqueued are sealed now.
             payload = plain = payload.value
+            if handler.encrypted:
+                payload = handler.sealed(payload, stored=True)
         elif handler.shapes_payload:
             # A limit's key function is given the JSON form, not the ciphertext.
             plain = handler.plain_payload(payload, checked.payload_version)

@@ -95,7 +95,7 @@ def insert_job(
     """
     params = {**values, "notify": notify}
     connection = connections[using]
-    if connection.get_autocommit() and prepared.enabled(using):
+    if _outside_any_transaction(connection) and prepared.enabled(using):
         try:
             [(names, rows)] = prepared.run(using, [(_INSERT_JOB, params)])
             return names, rows
@@ -109,6 +109,16 @@ def insert_job(
 
 
 _INSERT_JOB = prepared.Statement("insert_job", sql.query("insert_job"))
+
+
+def _outside_any_transaction(connection: Any) -> bool:
+    """Whether a statement sent now is its own transaction: autocommit, and no transaction
+    the caller opened with a ``BEGIN`` of its own."""
+    if not connection.get_autocommit():
+        return False
+    connection.ensure_connection()
+    status = connection.connection.info.transaction_status
+    return bool(status == psycopg.pq.TransactionStatus.IDLE)
 
 
 def insert_jobs(

@@ -20,6 +20,7 @@ import dataclasses
 import datetime as dt
 import enum
 import itertools
+import json
 import math
 import sys
 import types
@@ -296,22 +297,54 @@ class _Dataclass(_Record):
 
 
 class _Pydantic(_Codec):
-    """A pydantic model, converted by pydantic under the model's own config."""
+    """A pydantic model, converted by pydantic under the model's own config.
+
+    The stored form is what the worker reads back: the model's JSON dump by alias, without
+    computed fields, read back in pydantic's JSON mode (where a strict model takes a datetime
+    as its ISO text). A model whose dump still does not read back (a validator that refuses its
+    own output) is refused at enqueue, not found out by the worker.
+    """
 
     def __init__(self, cls: Any) -> None:
         self.cls = cls
         self.name = cls.__name__
 
     def convert(self, value: Any, path: str, load: bool) -> Any:
-        try:
-            model = self.cls.model_validate(value)
-        except sys.modules["pydantic"].ValidationError as exc:
-            error = exc.errors()[0]
-            where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
-                            for part in error["loc"])
-            raise PayloadInvalid(path + where, error["msg"]) from None
+        model = self._validated(value, path)
+        if load:
+            return model
         # A model may allow NaN, which its JSON dump keeps as a float.
-        return model if load else _check_json(model.model_dump(mode="json"), path)
+        dumped = _check_json(model.model_dump(mode="json", by_alias=True,
+                                              exclude_computed_fields=True), path)
+        try:
+            self.cls.model_validate_json(json.dumps(dumped))
+        except sys.modules["pydantic"].ValidationError as exc:
+            where, problem = _first_error(exc)
+            raise PayloadInvalid(path + where, f"the model's JSON form does not validate back "
+                                 f"as {self.name}: {problem}") from None
+        return dumped
+
+    def _validated(self, value: Any, path: str) -> Any:
+        pydantic = sys.modules["pydantic"]
+        try:
+            if isinstance(value, dict):
+                try:
+                    text = json.dumps(value, allow_nan=False)
+                except (TypeError, ValueError):  # typed values in it: validated as Python
+                    return self.cls.model_validate(value)
+                return self.cls.model_validate_json(text)
+            return self.cls.model_validate(value)
+        except pydantic.ValidationError as exc:
+            where, problem = _first_error(exc)
+            raise PayloadInvalid(path + where, problem) from None
+
+
+def _first_error(exc: Any) -> tuple[str, str]:
+    """Where a pydantic ``ValidationError``'s first error is (``.card.number``), and what."""
+    error = exc.errors()[0]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
+                    for part in error["loc"])
+    return where, error["msg"]
 
 
 def _compile(tp: Any, memo: dict[type, _Codec]) -> _Codec:

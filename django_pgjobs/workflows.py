@@ -22,6 +22,7 @@ from .conf import checked
 from .exceptions import DependencyCycle, InvalidDependency
 from .models import Job
 from .options import JobSpec
+from .registry import registry
 from .status import TERMINAL_STATUSES, Requires
 from .validation import shown
 
@@ -219,11 +220,17 @@ def results_of(job_id: int, *, using: str) -> list[DependencyResult]:
 
     A result its handler stored encrypted is decrypted (``Undecryptable`` if it cannot be).
     """
-    return [DependencyResult(dependency, task, status,
-                             encryption.opened(result, where=encryption.RESULT, owner=task),
-                             requires)
+    return [DependencyResult(dependency, task, status, _readable_result(task, result), requires)
             for dependency, task, status, result, requires
             in transitions.dependency_results(job_id, using=using)]
+
+
+def _readable_result(task: str, result: Any) -> Any:
+    handler = registry.resolve(task)
+    if handler is None or not handler.encrypted_result:
+        return result
+    return encryption.opened(result, handler.encrypted_result, where=encryption.RESULT,
+                             owner=task)
 
 
 @dataclass(frozen=True)

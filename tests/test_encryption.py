@@ -39,6 +39,8 @@ CARD = "4111111111111111"
 TOKEN = "tok_live_8c1f2a"
 OLD_KEY = "WQFACUKYJb8ZRROhPLuY4r92iwCrWS-nVlCFjbyazs0="  # the test settings' key
 NEW_KEY = new_key()
+PAYLOAD_PATHS = ["card.number", "token"]  # tests.encrypted_charge's declarations
+RESULT_PATHS = ["receipt_token", "provider.provider_token"]
 
 
 def charge(order: int = 1, **extra: Any) -> dict[str, Any]:
@@ -76,7 +78,8 @@ def test_declared_fields_are_stored_encrypted_and_the_rest_as_given() -> None:
         (("card", "number"), key_of(OLD_KEY)), (("token",), key_of(OLD_KEY))]
     stored = Job.objects.get(pk=j.pk).payload
     assert stored == j.payload
-    assert opened(stored, where="payload", owner="tests.encrypted_charge") == charge()
+    assert opened(stored, PAYLOAD_PATHS, where="payload",
+                  owner="tests.encrypted_charge") == charge()
     # Each value has its own nonce: the same plaintext twice is two different ciphertexts.
     again = enqueue("tests.encrypted_charge", charge())
     assert again.payload["token"] != j.payload["token"]
@@ -88,7 +91,7 @@ def test_a_value_of_any_json_kind_and_a_list_path_are_encrypted_whole() -> None:
     assert CARD not in json.dumps(sealed)
     assert [loc for loc, _ in envelopes(sealed)] == [("items", 0, "pan"), ("items", 1, "pan"),
                                                      ("blob",)]
-    assert opened(sealed, where="payload", owner="t") == {
+    assert opened(sealed, ["items[*].pan", "blob"], where="payload", owner="t") == {
         "items": [{"pan": CARD}, {"pan": 4111}], "blob": {"a": [1, None]}}
 
 
@@ -121,7 +124,8 @@ def test_the_handler_gets_plaintext_and_its_result_and_receipt_are_stored_encryp
     assert sorted(loc for loc, _ in envelopes(done.result)) == [("provider", "provider_token"),
                                                                ("receipt_token",)]
     assert run.result == done.result
-    assert opened(done.result, where="result", owner="tests.encrypted_charge")[
+    assert opened(done.result, RESULT_PATHS, where="result",
+                  owner="tests.encrypted_charge")[
         "receipt_token"] == f"rt-{TOKEN}"
     receipt = IdempotencyReceipt.objects.get(scope="tests.provider")
     assert [loc for loc, _ in envelopes(receipt.result)] == [("provider_token",)]
@@ -130,7 +134,8 @@ def test_the_handler_gets_plaintext_and_its_result_and_receipt_are_stored_encryp
     replayed = replay_job(done, idempotency_key=None)
     drain(raise_errors=True)
     replayed.refresh_from_db()
-    assert opened(replayed.result, where="result", owner="tests.encrypted_charge")[
+    assert opened(replayed.result, RESULT_PATHS, where="result",
+                  owner="tests.encrypted_charge")[
         "provider"] == {"provider_token": f"pt-{TOKEN}", "order": 2}
 
 
@@ -263,8 +268,8 @@ def test_rotation_seals_every_value_under_the_new_key_and_the_old_key_can_go() -
         for j in jobs:
             j.refresh_from_db()
             assert {key for _, key in envelopes([j.payload, j.result])} == {key_of(NEW_KEY)}
-            assert opened(j.result, where="result", owner=j.task)["receipt_token"] == (
-                f"rt-{TOKEN}")
+            result = opened(j.result, RESULT_PATHS, where="result", owner=j.task)
+            assert result["receipt_token"] == f"rt-{TOKEN}"
     assert sorted(payload["order"] for name, payload in events
                   if name == "encrypted_charge") == list(range(1, 8))
 
@@ -357,26 +362,29 @@ def test_a_rotation_while_workers_drain_loses_nothing_and_leaves_nothing_under_t
     total = 3000
     cards = {n: f"4000{n:012d}" for n in range(total)}
     enqueue_many([JobSpec.of("demo.card_payment", {"order": n, "card": {"number": cards[n]},
-                                                   "sleep": 0.002}) for n in range(total)])
+                                                   "sleep": 0.005}) for n in range(total)])
     both = f"{NEW_KEY},{OLD_KEY}"
     workers = [start_worker("--concurrency", "4", "--batch-size", "10", "--poll-interval", "0.1",
                             PGJOBS_ENCRYPTION_KEYS=both) for _ in range(2)]
     wait_for(lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() >= 200, 60)
     with override_settings(PGJOBS_ENCRYPTION_KEYS=[NEW_KEY, OLD_KEY]):
-        done = rotate_keys(batch=100, using="default")
-        left_to_run = total - Job.objects.filter(status=JobStatus.SUCCEEDED).count()
+        # How many jobs were still to run as each window was read: the rotation overlaps the
+        # drain only if some were.
+        unfinished: list[int] = []
+        done = rotate_keys(batch=100, using="default", progress=lambda table, after: (
+            unfinished.append(Job.objects.exclude(status=JobStatus.SUCCEEDED).count())))
         wait_for(lambda: not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists(), 180,
                  what=lambda: str(Job.objects.exclude(status=JobStatus.SUCCEEDED).count()))
         assert stale_values(batch=500, using="default") == {}
     for worker in workers:
         worker.stop()
     # The rotation ran while workers still had jobs to run, and moved values off the old key.
-    assert left_to_run > 0 and done.values_resealed > 0 and done.unopened == []
+    assert unfinished[0] > 0 and done.values_resealed > 0 and done.unopened == []
     assert not Attempt.objects.exclude(outcome=AttemptOutcome.SUCCEEDED).exists()
     with override_settings(PGJOBS_ENCRYPTION_KEYS=[NEW_KEY]):  # the old key is gone now
         for j in Job.objects.all():
-            payload = opened(j.payload, where="payload", owner=j.task)
-            result = opened(j.result, where="result", owner=j.task)
+            payload = opened(j.payload, ["card.number"], where="payload", owner=j.task)
+            result = opened(j.result, ["authorization"], where="result", owner=j.task)
             n = payload["order"]
             assert payload["card"]["number"] == cards[n]
             assert result == {"authorization": f"auth-{cards[n][-4:]}-{n}", "order": n}
@@ -407,3 +415,79 @@ def test_without_cryptography_a_declaration_and_the_keys_setting_say_which_extra
         "pip install './django-pgjobs[encryption]' (see the README's Install)",
         "empty: None",
     ]
+
+
+# --- envelopes from outside, and the edges of a declaration -----------------------------
+
+
+def test_an_envelope_copied_from_another_job_is_sealed_again_not_opened_as_this_jobs() -> None:
+    victim = enqueue("tests.encrypted_charge", charge(order=1))
+    stolen = victim.payload["token"]  # as anyone who reads the table sees it
+    enqueue("tests.encrypted_charge", {**charge(order=2), "token": stolen})
+    drain(raise_errors=True, max_jobs=2)
+    by_order = {payload["order"]: payload for _, payload in events}
+    assert by_order[1]["token"] == TOKEN
+    assert by_order[2]["token"] == stolen  # the string it was given, never the victim's token
+
+
+def test_text_that_looks_like_an_envelope_is_data_where_nothing_is_declared_encrypted() -> None:
+    lookalike = "pgjobs:enc:v1:deadbeef:" + "A" * 40
+    enqueue("tests.ok", {"comment": lookalike})
+    enqueue("tests.encrypted_charge", {**charge(order=3), "note": lookalike})
+    runs = drain(raise_errors=True)
+    assert [run.status for run in runs] == [JobStatus.SUCCEEDED] * 2
+    assert ("ok", {"comment": lookalike}) in events
+    assert [p["note"] for name, p in events if name == "encrypted_charge"] == [lookalike]
+
+
+@pytest.mark.parametrize("value, path", [
+    (float("nan"), "payload.token"),
+    ({"when": object()}, "payload.token['when']"),
+    ("lone \ud800", "payload.token"),
+])
+def test_a_value_to_encrypt_that_is_not_json_is_refused_naming_its_path(value: Any,
+                                                                          path: str) -> None:
+    from django_pgjobs import PayloadNotJSON
+
+    with transaction.atomic():
+        with pytest.raises(PayloadNotJSON) as caught:
+            enqueue("tests.encrypted_charge", {**charge(), "token": value})
+        assert caught.value.path == path
+        assert Job.objects.count() == 0
+
+
+def test_a_wildcard_path_may_match_nothing_and_a_fixed_one_may_not() -> None:
+    assert seal({"cards": []}, ["cards[*].number"], where="payload", owner="t") == {"cards": []}
+    assert seal({}, ["*.secret"], where="payload", owner="t") == {}
+    with pytest.raises(EncryptedPathMissing):
+        seal({"cards": []}, ["cards[0].number"], where="payload", owner="t")
+
+
+def test_a_replay_seals_the_fields_declared_since_the_original_was_enqueued() -> None:
+    j = enqueue("tests.encrypted_charge", charge(order=4))
+    # As a row written before the handler declared its encrypted fields holds them.
+    Job.objects.filter(pk=j.pk).update(payload=charge(order=4))
+    drain(raise_errors=True)
+    j.refresh_from_db()
+    replay = replay_job(j, idempotency_key=None)
+    assert CARD not in raw_row(replay.pk) and TOKEN not in raw_row(replay.pk)
+    drain(raise_errors=True)
+    assert [p for name, p in events if name == "encrypted_charge"] == [charge(order=4)] * 2
+
+
+def test_rotation_reads_plain_rows_as_ids_only_and_writes_numbers_back_as_they_were() -> None:
+    from django_pgjobs import transitions
+
+    plain = enqueue("tests.ok", {"n": 1})
+    j = enqueue("tests.encrypted_charge", charge(order=5))
+    with connection.cursor() as cursor:  # a number no float holds, in a field left in the clear
+        cursor.execute("UPDATE pgjobs_job SET payload = jsonb_set(payload, '{big}', "
+                       "'12345678901234567890.123456789'::jsonb) WHERE id = %s", [j.pk])
+    window = {row[0]: row for row in transitions.jobs_to_reseal(0, 10, using="default")}
+    assert window[plain.pk][2:] == (False, None, None)
+    assert window[j.pk][2] is True and "pgjobs:enc:v1:" in window[j.pk][3]
+    with override_settings(PGJOBS_ENCRYPTION_KEYS=[NEW_KEY, OLD_KEY]):
+        assert rotate_keys(batch=10, using="default").values_resealed == 2
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload->>'big' FROM pgjobs_job WHERE id = %s", [j.pk])
+        assert cursor.fetchone()[0] == "12345678901234567890.123456789"

@@ -279,3 +279,19 @@ def test_an_enqueue_whose_statement_the_session_lost_is_sent_in_full_and_nothing
         enqueue("tests.ok", {"n": 4})  # the session was read again: prepared anew
     assert any(q.startswith("PREPARE pgjobs_insert_job_") for q in sent(queries))
     assert sorted(j.payload["n"] for j in Job.objects.all()) == [1, 2, 3, 4]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_after_a_raw_begin_is_sent_in_full_inside_that_transaction() -> None:
+    from django_pgjobs import enqueue
+
+    enqueue("tests.ok", {"n": 1})  # prepared in the session
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")  # the caller's own transaction, unknown to Django
+        cursor.execute("DEALLOCATE ALL")
+    with CaptureQueriesContext(connection) as queries:
+        enqueue("tests.ok", {"n": 2})
+    assert not any("EXECUTE pgjobs_insert_job_" in q for q in sent(queries))
+    with connection.cursor() as cursor:
+        cursor.execute("ROLLBACK")  # the caller's to end: its job goes with it
+    assert sorted(j.payload["n"] for j in Job.objects.all()) == [1]

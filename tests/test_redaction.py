@@ -289,3 +289,15 @@ def test_the_default_keys_hide_common_secret_names(key: str) -> None:
                                  "tokenizer_name", "cardinality"])
 def test_the_default_keys_leave_words_that_merely_contain_them(key: str) -> None:
     assert redactor_for(None).payload({key: "v"}) == {key: "v"}
+
+
+def test_only_the_exact_encrypted_marker_escapes_redaction() -> None:
+    from django_pgjobs.redaction import Redactor
+
+    redactor = Redactor(("password",))
+    shown = redactor.payload({"password": "[encrypted, key 0] hunter2",
+                              "token": "pgjobs:enc:v1:1a2b3c4d:" + "A" * 40})
+    assert shown["password"] == "[redacted]"
+    assert shown["token"] == "[encrypted, key 1a2b3c4d]"
+    assert "hunter2" not in redactor.text("login failed: [encrypted, key 0] hunter2",
+                                          {"password": "[encrypted, key 0] hunter2"})

@@ -228,3 +228,63 @@ def test_the_testing_helpers_compare_with_the_model_and_the_decrypted_fields() -
                                                                  "exp": "12/30"}})
     # The failure quotes the job as a viewer may see it: never the decrypted card number.
     assert "4242424242424242" not in str(caught.value)
+
+
+class Aliased(pydantic.BaseModel):
+    card_number: str = pydantic.Field(alias="cardNumber")
+
+
+class Strict(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(strict=True)
+    when: datetime
+    amount: Decimal
+
+
+class Computed(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    net: int
+    tax: int
+
+    @pydantic.computed_field  # type: ignore[prop-decorator]
+    @property
+    def gross(self) -> int:
+        return self.net + self.tax
+
+
+class Picky(pydantic.BaseModel):
+    code: str
+
+    @pydantic.field_validator("code")
+    @classmethod
+    def upper_only(cls, value: str) -> str:
+        if value != value.upper():
+            raise ValueError("must be upper case")
+        return value.lower()  # its own output no longer passes
+
+
+@pytest.mark.parametrize("model, given", [
+    (Aliased, Aliased(cardNumber="4242")),
+    (Strict, Strict(when=datetime(2026, 12, 5, tzinfo=UTC), amount=Decimal("1.10"))),
+    (Computed, Computed(net=10, tax=2)),
+])
+def test_a_pydantic_model_enqueued_is_one_the_worker_reads_back(model: Any, given: Any) -> None:
+    job("tests.typed.model", payload=model)(lambda ctx, payload: received.append(payload))
+    try:
+        enqueue("tests.typed.model", given)
+        [run] = drain()
+        assert run.status == JobStatus.SUCCEEDED, run.error
+        assert received == [given]
+    finally:
+        registry.remove("tests.typed.model")
+
+
+def test_a_model_whose_json_form_does_not_validate_back_is_refused_at_enqueue() -> None:
+    job("tests.typed.picky", payload=Picky)(lambda ctx, payload: None)
+    try:
+        with transaction.atomic():
+            with pytest.raises(PayloadInvalid, match="does not validate back as Picky") as caught:
+                enqueue("tests.typed.picky", Picky(code="ABC"))
+            assert caught.value.path == "payload.code"
+            assert Job.objects.count() == 0
+    finally:
+        registry.remove("tests.typed.picky")

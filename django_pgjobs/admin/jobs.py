@@ -39,7 +39,7 @@ from ..models import (
     OperatorActionKind,
 )
 from ..redaction import masked
-from ..registry import redactor_for
+from ..registry import redactor_for, registry
 from ..status import TERMINAL_STATUSES, JobStatus, TerminalReason
 from .actions import (
     ACTION_BUTTONS,
@@ -528,9 +528,11 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
         job = self.get_object(request, object_id)
         if job is None:
             raise Http404("no such job")
-        sealed = [encryption.spelled(where, location)
-                  for where, value in (("payload", job.payload), ("result", job.result))
-                  for location, _ in encryption.envelopes(value)]
+        handler = registry.resolve(job.task)
+        payload_paths = handler.encrypted if handler is not None else ()
+        result_paths = handler.encrypted_result if handler is not None else ()
+        sealed = [*encryption.sealed_at(job.payload, payload_paths, where=encryption.PAYLOAD),
+                  *encryption.sealed_at(job.result, result_paths, where=encryption.RESULT)]
         can_decrypt = bool(sealed) and self.has_reveal_encrypted_permission(request)
         context: dict[str, Any] = {
             **self.admin_site.each_context(request), "opts": self.opts, "job": job,
@@ -545,10 +547,10 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
                         request, "pgjobs.reveal_encrypted", "Decrypting encrypted fields",
                         back_url=reverse("admin:pgjobs_job_change", args=[object_id]))
                 try:
-                    payload = encryption.opened(job.payload, where=encryption.PAYLOAD,
-                                                owner=job.task)
-                    result = encryption.opened(job.result, where=encryption.RESULT,
-                                               owner=job.task)
+                    payload = encryption.opened(job.payload, payload_paths,
+                                                where=encryption.PAYLOAD, owner=job.task)
+                    result = encryption.opened(job.result, result_paths,
+                                               where=encryption.RESULT, owner=job.task)
                 except Undecryptable as exc:
                     context["decrypt_error"] = str(exc)
                 else:

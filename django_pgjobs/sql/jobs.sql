@@ -517,10 +517,12 @@ WITH window_rows AS (
     ORDER BY id
     LIMIT %(limit)s
 )
-SELECT id, task,
-       strpos(payload, 'pgjobs:enc:v1:') > 0 OR strpos(result, 'pgjobs:enc:v1:') > 0,
-       payload, result
-FROM window_rows
+SELECT id, task, sealed,
+       CASE WHEN sealed THEN payload END, CASE WHEN sealed THEN result END
+FROM (SELECT id, task, payload, result,
+             strpos(payload, 'pgjobs:enc:v1:') > 0
+             OR coalesce(strpos(result, 'pgjobs:enc:v1:') > 0, false) AS sealed
+      FROM window_rows) AS marked
 ORDER BY id
 
 -- name: reseal_jobs

@@ -45,8 +45,10 @@ WITH window_rows AS (
     ORDER BY id
     LIMIT %(limit)s
 )
-SELECT id, scope, strpos(result, 'pgjobs:enc:v1:') > 0, result
-FROM window_rows
+SELECT id, scope, sealed, CASE WHEN sealed THEN result END
+FROM (SELECT id, scope, result,
+             coalesce(strpos(result, 'pgjobs:enc:v1:') > 0, false) AS sealed
+      FROM window_rows) AS marked
 ORDER BY id
 
 -- name: reseal_receipts
