@@ -10,13 +10,17 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import conf, stats
+from . import conf
 from .conf import settings
 from .exceptions import InvalidJobOption
 from .registry import registry
 from .schedules import declared_schedules, settings_schedule
 from .validation import SETTING_RULES as VALUE_RULES
 from .validation import Rule, shown
+
+# The tag of this module's checks: a worker runs these at start (pgjobs_worker), and leaves
+# the web process's own (URLs, templates, the admin) to the web process.
+PGJOBS = "pgjobs"
 
 MIN_POSTGRES_VERSION = 130000
 
@@ -78,8 +82,14 @@ def check_database(databases: Sequence[str] | None = None, **kwargs: Any) -> lis
                  "its consumer back; a prepared transaction: COMMIT or ROLLBACK PREPARED); "
                  "PGJOBS_HORIZON_WARN_SECONDS and PGJOBS_HORIZON_WARN_XIDS set when to warn",
             id="pgjobs.W004",
-        ) for h in stats.horizon(using=alias) if h.holds]
+        ) for h in _horizon(alias) if h.holds]
     return messages
+
+
+def _horizon(alias: str) -> list[Any]:
+    from . import stats  # the dashboard's reads: imported only where a check asks the database
+
+    return stats.horizon(using=alias)
 
 
 def vendor_messages(alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
@@ -112,7 +122,7 @@ def replica_messages(alias: str) -> list[CheckMessage]:
     )]
 
 
-@register()
+@register(PGJOBS)
 def check_hosts(**kwargs: Any) -> list[CheckMessage]:
     """A database with several hosts (a primary and its standbys) must ask for the primary, and
     the stats alias must exist (checked without connecting)."""
@@ -144,13 +154,13 @@ def host_messages(databases: dict[str, dict[str, Any]]) -> list[CheckMessage]:
     return messages
 
 
-@register()
+@register(PGJOBS)
 def check_vendor(**kwargs: Any) -> list[CheckMessage]:
     """The default database must be PostgreSQL (checked without connecting)."""
     return vendor_messages(DEFAULT_DB_ALIAS, connections[DEFAULT_DB_ALIAS])
 
 
-@register()
+@register(PGJOBS)
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
     """Every PGJOBS_* setting has a known name and a value of the right type and range."""
     messages: list[CheckMessage] = []
@@ -216,7 +226,7 @@ def _encryption_keys() -> list[CheckMessage]:
     )]
 
 
-@register()
+@register(PGJOBS)
 def check_schedules(**kwargs: Any) -> list[CheckMessage]:
     """Every declared schedule names a handler, has its own name, and makes jobs enqueue takes."""
     if _schedules(settings.SCHEDULES) is not None:

@@ -23,7 +23,6 @@ from .history import sample_queues
 from .models import PRIORITY_MAX, PRIORITY_MIN
 from .receipts import delete_expired_receipts
 from .schedules import ScheduleStep
-from .stats import backlog_max_age, backlog_policy
 from .status import TERMINAL_STATUSES, JobStatus
 from .transitions import (
     admit_waiting_keys,
@@ -314,6 +313,9 @@ class BacklogWatch:
 
     def __call__(self, using: str = DEFAULT_DB_ALIAS) -> int:
         """Check now; return how many served queues are over their limit."""
+        # The dashboard's reads, imported at the first check rather than at a worker's start.
+        from .stats import backlog_max_age, backlog_policy
+
         policy = backlog_policy()
         ages = self.oldest_ready_ages(using)
         over: dict[str, tuple[float, float]] = {}

@@ -14,12 +14,12 @@ from .exceptions import InvalidJobOption, PayloadInvalid
 from .limits import Limit, Rate
 from .redaction import Redactor, compile_path
 from .ticks import Schedule
-from .typed import PayloadType
 from .validation import OPTION_RULES, missing_extra, queue_problem, task_name_problem
 
 if TYPE_CHECKING:
     from .context import JobContext
     from .models import Job
+    from .typed import PayloadType
 
 HandlerFunc = Callable[["JobContext", Any], Any]
 Upgrade = Callable[[Any], Any]
@@ -122,7 +122,7 @@ class Handler:
                 raise InvalidJobOption(f"task {name!r}: {exc}") from None
         # The model its payloads are (docs/payloads.md): enqueue stores its JSON form, the
         # handler receives an instance.
-        self.payload_type = None if payload is None else PayloadType.of(payload, name)
+        self.payload_type = None if payload is None else _payload_type(payload, name)
         # Paths of the payload and of the result stored encrypted (docs/security.md).
         self.encrypted = _encrypted_paths(name, encrypted, "encrypted")
         self.encrypted_result = _encrypted_paths(name, encrypted_result, "encrypted_result")
@@ -193,6 +193,14 @@ class Handler:
         if self.payload_type is not None:
             payload = self.payload_type.load(payload)
         return payload
+
+
+def _payload_type(declared: object, task: str) -> PayloadType:
+    # Imported by the handlers that declare one: a worker whose handlers declare none starts
+    # without it.
+    from .typed import PayloadType
+
+    return PayloadType.of(declared, task)
 
 
 def _encrypted_paths(task: str, paths: Iterable[str], option: str) -> tuple[str, ...]:

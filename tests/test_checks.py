@@ -214,3 +214,30 @@ def test_migrate_on_a_database_that_is_not_postgresql_prints_the_error_once() ->
     assert run.returncode == 1
     assert run.stderr.count("pgjobs.E001") == 1, run.stderr
     assert "database 'default' uses sqlite; django-pgjobs needs PostgreSQL" in run.stderr
+
+
+def test_a_worker_runs_the_queues_checks_at_start_and_not_the_web_processes() -> None:
+    from django.core.checks import Error, register
+    from django.core.checks.registry import registry as checks_registry
+    from django.core.management.base import SystemCheckError
+    from django.test import override_settings
+
+    from django_pgjobs.checks import PGJOBS
+    from django_pgjobs.management.commands.pgjobs_worker import Command
+
+    worker = Command()
+    assert worker.requires_system_checks == [PGJOBS]
+
+    @register()  # an app's own check, of a kind a worker has no use for (URLs, templates)
+    def broken_web_page(**kwargs: object) -> list[Error]:
+        return [Error("a URL pattern is broken", id="web.E001")]
+
+    try:
+        worker.check(tags=worker.requires_system_checks)  # what a worker runs at start: passes
+        with pytest.raises(SystemCheckError, match=r"web\.E001"):
+            worker.check()  # every check, as manage.py check runs them
+        with override_settings(PGJOBS_LEASE_SECONDS=-5), pytest.raises(
+                SystemCheckError, match=r"pgjobs\.E010"):
+            worker.check(tags=worker.requires_system_checks)
+    finally:
+        checks_registry.registered_checks.discard(broken_web_page)

@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
+from django_pgjobs.checks import PGJOBS as PGJOBS_CHECKS
 from django_pgjobs.management.arguments import (
     label,
     poll_interval,
@@ -54,6 +55,10 @@ _SECONDS = seconds(0, 86400, low_inclusive=False)
 
 class Command(BaseCommand):
     help = "Run a django-pgjobs worker: claim jobs, run their handlers, settle them."
+    # django-pgjobs' own checks (settings, keys, schedules), not every app's: a worker serves
+    # no URL, template or admin page, and importing them to check them was a tenth of its
+    # start-up (docs/benchmarks.md). `manage.py check` runs them all.
+    requires_system_checks = [PGJOBS_CHECKS]
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queue", "-q", action="append", type=_queue, dest="queues",
