@@ -409,7 +409,7 @@ def _record(cls: type, memo: dict[type, _Codec]) -> _Codec:
         # Python 3.11 misses Required/NotRequired in string annotations (from __future__ import
         # annotations) when it sets __required_keys__; resolved, they say it.
         required_keys: frozenset[str] = getattr(cls, "__required_keys__", frozenset())
-        marks = {name: typing.get_origin(marked[name]) for name in hints}
+        marks = {name: _required_mark(marked[name]) for name in hints}
         fields = [(name, marks[name] is typing.Required
                    or (marks[name] is not typing.NotRequired and name in required_keys))
                   for name in hints]
@@ -421,6 +421,13 @@ def _record(cls: type, memo: dict[type, _Codec]) -> _Codec:
                 exc.field = f"field {name!r} of {cls.__name__} ({_describe(hints[name])})"
             raise
     return codec
+
+
+def _required_mark(annotation: Any) -> Any:
+    """``Required`` or ``NotRequired`` if ``annotation`` says either, also inside ``Annotated``."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return typing.get_origin(annotation)
 
 
 def _kind(declared: object) -> str | None:

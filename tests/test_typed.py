@@ -15,7 +15,7 @@ import sys
 import uuid
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal, NotRequired, Optional, Required, TypedDict
+from typing import Annotated, Any, Literal, NotRequired, Optional, Required, TypedDict
 
 import pydantic
 import pydantic.v1
@@ -596,3 +596,16 @@ def test_the_module_imports_and_works_without_pydantic():
                           text=True, timeout=60, check=False)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == "dataclass {'n': 3} P(n=4) True\n"
+
+
+class MarkedInsideAnnotated(TypedDict, total=False):
+    must: Annotated[Required[int], "a note"]
+    may: Annotated[NotRequired[int], "another"]
+
+
+def test_a_typeddict_field_marked_required_inside_annotated_is_required() -> None:
+    kind = PayloadType.of(MarkedInsideAnnotated, "t")
+    assert kind.dump({"must": 1}) == {"must": 1}
+    with pytest.raises(PayloadInvalid) as caught:
+        kind.dump({"may": 1})
+    assert (caught.value.path, caught.value.problem) == ("payload", "missing field 'must'")
