@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -33,7 +33,13 @@ from typing import Any
 from .conf import settings
 from .exceptions import EncryptedPathMissing, EncryptionNotConfigured, Undecryptable
 from .payloads import encode_json
-from .redaction import ANY_STEP, ENVELOPE, ENVELOPE_PREFIX, compile_path
+from .redaction import (
+    ANY_STEP,
+    ENVELOPE,
+    ENVELOPE_PREFIX,
+    compile_path,
+    replace_envelopes,
+)
 from .validation import ENCRYPTION_KEY_BYTES, encryption_key_bytes, setting_problem
 
 NONCE_BYTES = 12
@@ -88,6 +94,16 @@ class Keyring:
 def keyring() -> Keyring:
     """The keys of ``PGJOBS_ENCRYPTION_KEYS``; ``EncryptionNotConfigured`` if there are none."""
     configured = settings.ENCRYPTION_KEYS
+    if not isinstance(configured, list | tuple) or not all(
+            isinstance(key, str) for key in configured):
+        raise EncryptionNotConfigured(
+            f"PGJOBS_ENCRYPTION_KEYS {setting_problem('ENCRYPTION_KEYS', configured)}")
+    return _keyring(tuple(configured))
+
+
+@lru_cache(maxsize=8)
+def _keyring(configured: tuple[str, ...]) -> Keyring:
+    # Checked once per value of the setting, not at every enqueue (each key decoded).
     problem = setting_problem("ENCRYPTION_KEYS", configured)
     if problem is not None:
         raise EncryptionNotConfigured(f"PGJOBS_ENCRYPTION_KEYS {problem}")
@@ -95,11 +111,6 @@ def keyring() -> Keyring:
         raise EncryptionNotConfigured(
             "PGJOBS_ENCRYPTION_KEYS is empty, and a handler declares encrypted fields: set it "
             "to a list of keys (manage.py pgjobs_rotate_keys --generate-key prints one)")
-    return _keyring(tuple(configured))
-
-
-@lru_cache(maxsize=8)
-def _keyring(configured: tuple[str, ...]) -> Keyring:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     raws = [encryption_key_bytes(text) for text in configured]
@@ -175,19 +186,16 @@ def _replace_at(value: Any, steps: Sequence[object], location: tuple[object, ...
 # --- reading -------------------------------------------------------------------------------
 
 
-def envelopes(value: Any, location: tuple[object, ...] = ()) -> Iterator[
-        tuple[tuple[object, ...], str]]:
+def envelopes(value: Any) -> list[tuple[tuple[object, ...], str]]:
     """Each envelope of ``value``: its location and the id of the key that sealed it."""
-    if isinstance(value, str):
-        match = ENVELOPE.fullmatch(value) if value.startswith(ENVELOPE_PREFIX) else None
-        if match is not None:
-            yield location, match[1]
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from envelopes(v, (*location, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from envelopes(v, (*location, i))
+    found: list[tuple[tuple[object, ...], str]] = []
+
+    def note(envelope: re.Match[str], location: tuple[object, ...]) -> str:
+        found.append((location, envelope[1]))
+        return envelope[0]
+
+    replace_envelopes(value, note)
+    return found
 
 
 def holds_envelopes(value: Any) -> bool:
@@ -270,19 +278,7 @@ def resealed(value: Any, *, where: str, owner: str) -> tuple[Any, int]:
         plain = _open(ring, envelope, where, owner, location)
         return ring.seal(plain, _associated(where, owner, location))
 
-    return _walk(value, (), again), count[0]
-
-
-def _walk(value: Any, location: tuple[object, ...],
-          replace: Callable[[re.Match[str], tuple[object, ...]], Any]) -> Any:
-    if isinstance(value, str):
-        match = ENVELOPE.fullmatch(value) if value.startswith(ENVELOPE_PREFIX) else None
-        return value if match is None else replace(match, location)
-    if isinstance(value, dict):
-        return {k: _walk(v, (*location, k), replace) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_walk(v, (*location, i), replace) for i, v in enumerate(value)]
-    return value
+    return replace_envelopes(value, again), count[0]
 
 
 def spelled(root: str, location: Sequence[object]) -> str:

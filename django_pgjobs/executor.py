@@ -308,16 +308,8 @@ def _stored_text(job: ClaimedJob, text: str, limit: int, *, keep_end: bool) -> s
 
 
 def _readable(job: ClaimedJob) -> Any:
-    """The job's payload with its encrypted fields opened, to scrub their plaintext from text a
-    handler wrote; as stored when they do not open (then no plaintext was handled)."""
     handler = registry.resolve(job.task)
-    if handler is None or not handler.encrypted:
-        return job.payload
-    try:
-        return encryption.opened(job.payload, handler.encrypted, where=encryption.PAYLOAD,
-                                 owner=job.task)
-    except Undecryptable:
-        return job.payload
+    return job.payload if handler is None else handler.readable_payload(job.payload)
 
 
 def _storable(text: str) -> str:

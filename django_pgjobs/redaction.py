@@ -256,13 +256,22 @@ def _shown_encrypted(value: Any) -> bool:
 
 def masked(value: Any) -> Any:
     """``value`` with each encrypted value shown as ``[encrypted, key …]``."""
+    return replace_envelopes(value, lambda envelope, _: ENCRYPTED_SHOWN_AS.format(envelope[1]))
+
+
+def replace_envelopes(
+    value: Any, replace: Callable[[re.Match[str], tuple[object, ...]], Any],
+    location: tuple[object, ...] = (),
+) -> Any:
+    """A copy of ``value`` with each encrypted value (``ENVELOPE``) replaced by what
+    ``replace(match, location)`` gives; ``location`` is its keys and indexes from the top."""
     if isinstance(value, str):
         match = ENVELOPE.fullmatch(value) if value.startswith(ENVELOPE_PREFIX) else None
-        return value if match is None else ENCRYPTED_SHOWN_AS.format(match[1])
+        return value if match is None else replace(match, location)
     if isinstance(value, dict):
-        return {k: masked(v) for k, v in value.items()}
+        return {k: replace_envelopes(v, replace, (*location, k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [masked(v) for v in value]
+        return [replace_envelopes(v, replace, (*location, i)) for i, v in enumerate(value)]
     return value
 
 

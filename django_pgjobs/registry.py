@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import encryption
 from .conf import settings
-from .exceptions import InvalidJobOption, PayloadInvalid
+from .exceptions import InvalidJobOption, PayloadInvalid, Undecryptable
 from .limits import Limit, Rate
 from .redaction import Redactor, compile_path
 from .ticks import Schedule
@@ -184,6 +184,18 @@ class Handler:
             return plain
         return encryption.seal(plain, self.encrypted, where=encryption.PAYLOAD, owner=self.name,
                                keep_sealed=stored)
+
+    def readable_payload(self, stored: Any) -> Any:
+        """``stored`` with its encrypted fields decrypted where they open: to scrub their
+        plaintext out of text a handler wrote, or to compare with what a test enqueued. As
+        stored where they do not (then no plaintext was handled)."""
+        if not self.encrypted:
+            return stored
+        try:
+            return encryption.opened(stored, self.encrypted, where=encryption.PAYLOAD,
+                                     owner=self.name)
+        except Undecryptable:
+            return stored
 
     def payload_for_handler(self, stored: Any, version: int) -> Any:
         """What the handler is called with: ``stored`` decrypted, upgraded and typed."""
