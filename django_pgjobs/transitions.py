@@ -244,19 +244,28 @@ def settle_and_claim(
     """``settle`` these outcomes, then ``claim_jobs``, in the claim's one short transaction.
 
     A worker's pending settlement rides with its next claim: one commit for both, and where the
-    connection binds parameters client-side (Django's default) one round trip, the two
-    statements sent as one message with the transaction's BEGIN and COMMIT (``prepared.run``).
-    Both commit or neither does. Return what ``settle`` and ``claim_jobs`` return.
+    connection binds parameters client-side (Django's default) one round trip, the statements
+    sent as one message with the transaction's BEGIN and COMMIT (``prepared.run``). Both commit
+    or neither does. Return what ``settle`` and ``claim_jobs`` return.
+
+    A limit key's slot that the settlement frees starts the key's next job at once for this
+    claim when that job is of ``queue`` (the settlement is told of the claim): it is written
+    from ``throttled`` to ``running`` once, not made ready for the claim to write it again, and
+    it counts in the batch of ``limit``.
     """
     if not outcomes:
         return {}, claim_jobs(worker_id, queue, limit, using=using)
     reports = _reports(outcomes)
+    # In a transaction that goes on after the claim (a test's), nothing more may go to it.
+    goes_on = connections[using].in_atomic_block
     with transaction.atomic(using=using):
-        *_, (_, settled), (columns, rows) = prepared.run(using, [
+        results = prepared.run(using, [
             *_push_backs(outcomes),
-            (_SETTLE, [reports]),
+            (_SETTLE, [worker_id, queue, limit, reports]),
             (claim_statement(limit), {"queue": queue, "worker_id": worker_id}),
+            *([(_CLAIM_TO_END, [])] if goes_on else []),
         ], whole_block=True)
+    (_, settled), (columns, rows) = results[-3:-1] if goes_on else results[-2:]
     return _applied(outcomes, settled), claimed_jobs(columns, rows)
 
 
@@ -360,11 +369,12 @@ def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dic
     if not outcomes:
         return {}
     *_, (_, rows) = prepared.run(using, [*_push_backs(outcomes),
-                                         (_SETTLE, [_reports(outcomes)])])
+                                         (_SETTLE, [None, None, None, _reports(outcomes)])])
     return _applied(outcomes, rows)
 
 
 _SETTLE = prepared.Statement("settle", sql.query("settle_jobs"))
+_CLAIM_TO_END = prepared.Statement("claim_to_end", sql.query("claim_to_end"))
 _PUSH_BACK = prepared.Statement("push_back", sql.query("push_back_rates"))
 
 

@@ -20,8 +20,13 @@ pytestmark = pytest.mark.django_db
 
 
 def written_candidates(limit: int) -> str:
+    """The claim's candidates, their LIMIT the batch: the statement's limit is the batch less
+    what a settlement in its transaction handed the claim (none outside settle_and_claim)."""
     text = claim_statement(limit).text
-    return text.split("WITH candidates AS (\n", 1)[1].split("\n), claimed AS (", 1)[0]
+    candidates = text.split("WITH candidates AS (\n", 1)[1].split("\n), claimed AS (", 1)[0]
+    room = f"LIMIT pgjobs_claim_room({limit})\n"
+    assert candidates.count(room) == 1
+    return candidates.replace(room, f"LIMIT {limit}\n")
 
 
 def compiled_candidates(queue: str, limit: int) -> str:
@@ -59,7 +64,7 @@ def test_the_comparison_tells_a_different_query_apart() -> None:
 def test_the_statement_takes_the_queue_and_the_worker_and_writes_in_the_rest() -> None:
     statement = claim_statement(10)
     assert statement.names == ["queue", "worker_id"]
-    assert "'ready'" in statement.text and "LIMIT 10\n" in statement.text
+    assert "'ready'" in statement.text and "LIMIT pgjobs_claim_room(10)\n" in statement.text
     assert claim_statement(10) is statement  # one statement per batch size, prepared as one
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match="batch size"):

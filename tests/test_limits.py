@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 import django_pgjobs
 from django_pgjobs import InvalidJobOption, InvalidLimitKey, Limit
 from django_pgjobs.enqueuing import JobSpec
-from django_pgjobs.models import Attempt, Job, KeyLimit, KeySlot, OperatorAction
+from django_pgjobs.models import Attempt, Job, KeyLimit, KeySlot, OperatorAction, QueueState
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.retry import Decision
 from django_pgjobs.status import FailureClass, JobStatus, TerminalReason
@@ -34,6 +34,7 @@ from django_pgjobs.transitions import (
     retry_jobs,
     set_key_limit,
     settle,
+    settle_and_claim,
 )
 from tests.conftest import succeeded, wait_for
 
@@ -151,6 +152,88 @@ def test_the_statement_that_ends_a_run_gives_its_slot_to_the_keys_next_job() -> 
     # The higher priority goes first, as the claim would take it.
     assert statuses(first, second, low, high) == ["succeeded", "running", "throttled", "ready"]
     assert held("tests.limited:acme")[Job.objects.get(pk=high.pk).limit_slot] == high.pk
+
+
+def job_updates() -> int:
+    """Rows of pgjobs_job this transaction has updated so far."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT n_tup_upd FROM pg_stat_xact_user_tables "
+                       "WHERE relname = 'pgjobs_job'")
+        return int(cursor.fetchone()[0])
+
+
+def test_a_settlement_sent_with_a_claim_starts_the_keys_next_job_for_that_claim() -> None:
+    first, second = enqueue_for("acme", 2)
+    low, high = (django_pgjobs.enqueue("tests.limited", {"customer": "acme"}, priority=p)
+                 for p in (0, 5))
+    other = django_pgjobs.enqueue("tests.ok", {})  # ready, in the same queue
+    [c1, c2] = claim_jobs("w", "default", 2)
+    before = job_updates()
+    applied, claimed = settle_and_claim([succeeded(c1), succeeded(c2)], "w2", "default", 2)
+    assert applied == {c1.lease_token: True, c2.lease_token: True}
+    # The freed slots went to the key's waiting jobs, highest priority first; they fill the
+    # claim's batch of 2, so the ready job of another key waits for the next claim.
+    assert [c.id for c in claimed] == [high.pk, low.pk]
+    assert statuses(first, second, high, low, other) == [
+        "succeeded", "succeeded", "running", "running", "ready"]
+    # Each was written once, from throttled to running: two settled, two started.
+    assert job_updates() - before == 4
+    for c in claimed:
+        row = Job.objects.get(pk=c.id)
+        assert (row.lease_owner, row.lease_token, row.attempts) == ("w2", c.lease_token, 1)
+        assert row.lease_expires_at == row.heartbeat_at + timedelta(seconds=row.lease_seconds)
+        assert held("tests.limited:acme")[row.limit_slot] == row.pk
+    ended = max(Job.objects.get(pk=j.pk).finished_at for j in (first, second))
+    assert min(Job.objects.get(pk=c.id).claimed_at for c in claimed) > ended
+    # What was started is run and settled like any claimed job.
+    assert settle([succeeded(c) for c in claimed]) == {c.lease_token: True for c in claimed}
+
+
+def test_jobs_handed_to_a_claim_count_in_its_batch_and_the_rest_are_made_ready() -> None:
+    enqueue_for("acme", 2)
+    waiting = enqueue_for("acme", 2)
+    [c1, c2] = claim_jobs("w", "default", 2)
+    _, claimed = settle_and_claim([succeeded(c1), succeeded(c2)], "w", "default", 1)
+    assert [c.id for c in claimed] == [waiting[0].pk]
+    assert statuses(*waiting) == ["running", "ready"]
+
+
+def test_a_job_of_another_queue_or_a_paused_one_is_made_ready_not_started() -> None:
+    enqueue_for("acme", 1)
+    enqueue_for("acme", 1, queue="elsewhere")  # holds the other slot, ready
+    later = enqueue_for("acme", 1, queue="elsewhere")[0]
+    [c] = claim_jobs("w", "default", 1)
+    assert settle_and_claim([succeeded(c)], "w", "default", 5)[1] == []
+    assert statuses(later) == ["ready"]
+
+    enqueue_for("beta", 2)
+    waiting = enqueue_for("beta", 1)[0]
+    [b1, _] = claim_jobs("w", "default", 2)
+    QueueState.objects.create(name="default", paused=True)
+    assert settle_and_claim([succeeded(b1)], "w", "default", 5)[1] == []
+    assert statuses(waiting) == ["ready"]
+
+
+def test_after_a_settle_and_claim_a_transaction_that_goes_on_starts_nothing_for_it() -> None:
+    enqueue_for("acme", 1)
+    [elsewhere] = enqueue_for("acme", 1, queue="elsewhere")  # holds the other slot, ready
+    waiting = enqueue_for("acme", 2)
+    [c] = claim_jobs("w", "default", 1)
+    _, claimed = settle_and_claim([succeeded(c)], "w", "default", 5)
+    assert [c.id for c in claimed] == [waiting[0].pk]
+    # Later in this test's transaction an operator dead-letters the other slot's job: its slot
+    # goes to the next job as ready, not started for the claim that came before.
+    dead_letter_jobs([elsewhere.pk], "no longer wanted", actor=Actor("op"))
+    assert statuses(*waiting) == ["running", "ready"]
+    assert Job.objects.get(pk=waiting[1].pk).lease_owner is None
+
+
+def test_a_settlement_alone_makes_the_next_job_ready() -> None:
+    enqueue_for("acme", 2)
+    waiting = enqueue_for("acme", 1)[0]
+    [c1, _] = claim_jobs("w", "default", 2)
+    settle([succeeded(c1)])
+    assert statuses(waiting) == ["ready"]
 
 
 def claimed_one(customer: str = "acme") -> tuple[Any, Job]:

@@ -4,11 +4,15 @@
 -- caller's transaction (enqueue checks them first) to the prune.
 
 -- name: claim_jobs
--- The claim, whole: up to a batch of ready jobs of one queue, for one worker (the LIMIT is the
--- batch size, written in per size; the queue and the worker's id are its two parameters).
+-- The claim, whole: up to a batch of ready jobs of one queue, for one worker (the batch size is
+-- written in per size; the queue and the worker's id are its two parameters). The batch counts
+-- the jobs the transaction's settlement started for this claim as it handed them their limit
+-- key's slot (settle_and_claim; pgjobs_claim_room is the batch less those, and the batch itself
+-- in any other transaction), and the claim returns them with the ones it takes.
 -- The candidates are the ORM's Job.objects.select_for_update(skip_locked=True) query of
 -- transitions.claim_candidates, written out as Django compiles it (a test compiles that query in
--- the claim's transaction.atomic() on each supported Django and proves this text equal). They
+-- the claim's transaction.atomic() on each supported Django and proves this text equal, its
+-- LIMIT the batch). They
 -- read the claim index in its own order, skip rows another claim holds, and probe the queue's
 -- pause once per claim, not per row (an InitPlan of one primary-key read): a paused queue's
 -- claim reads no index entry. 'ready' is written in, not bound, so a prepared statement's generic
@@ -27,7 +31,7 @@ WITH candidates AS (
            AND "pgjobs_job"."queue" = %(queue)s
            AND "pgjobs_job"."status" = 'ready')
     ORDER BY "pgjobs_job"."priority" DESC, "pgjobs_job"."run_at" ASC, 1 ASC
-    LIMIT {limit}
+    LIMIT pgjobs_claim_room({limit})
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE pgjobs_job AS j
@@ -47,6 +51,17 @@ WITH candidates AS (
               j.snoozes, j.deadline, j.lease_seconds, j.lease_token, j.lease_expires_at,
               j.trace_id, j.queue, j.priority, j.created_at, j.run_at, j.scheduled_at,
               j.lease_owner, j.timeout_seconds, j.traceparent
+), handed AS (
+    -- Jobs this transaction's settlement started for this claim as it handed them their key's
+    -- slot (pgjobs_limit_hand_over_released): they count in the batch, which is why the LIMIT
+    -- above is the batch less them.
+    SELECT j.id, j.task, j.payload_version, j.payload, j.attempts, j.max_attempts, j.snoozes,
+           j.deadline, j.lease_seconds, j.lease_token, j.lease_expires_at, j.trace_id, j.queue,
+           j.priority, j.created_at, j.run_at, j.scheduled_at, j.lease_owner,
+           j.timeout_seconds, j.traceparent
+    FROM pgjobs_job AS j
+    WHERE j.id = ANY(pgjobs_claim_handed()) AND j.status = 'running'
+      AND j.lease_owner = %(worker_id)s
 )
 -- The result's columns are named after the fields of claimed.ClaimedJob, which reads them by
 -- name. Times as whole microseconds since the epoch (the _us columns): exact, and the worker
@@ -57,8 +72,12 @@ SELECT id, task, payload_version, payload, attempts AS attempt, max_attempts, sn
        trace_id, queue, priority, (extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us,
        (extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us, timeout_seconds,
        (extract(epoch FROM scheduled_at) * 1000000)::int8 AS scheduled_at_us, traceparent
-FROM claimed
+FROM (SELECT * FROM claimed UNION ALL SELECT * FROM handed) AS taken
 ORDER BY priority DESC, run_at, id
+
+-- name: claim_to_end
+-- After the claim, in a transaction that goes on (a test's): nothing more goes to that claim.
+SELECT pgjobs_claim_to(NULL, NULL, NULL)
 
 -- name: settle_jobs
 -- One fenced statement for a whole batch of outcomes. A job row changes only while it is still
@@ -71,11 +90,17 @@ ORDER BY priority DESC, run_at, id
 -- before the attempt was even claimed. When an attempt ended is the clock's as its row is
 -- written (clock_timestamp()): before this statement commits, so before any later claim of the
 -- same job stamps its claimed_at, and never before the attempt's own claimed_at.
-WITH reported AS (
+WITH claim AS (
+    -- In a worker's settle-and-claim transaction, the worker, the queue and the batch of the
+    -- claim that follows: a limit key's slot this statement frees may start the key's next job
+    -- right here, for that claim, if it is of that queue (pgjobs_limit_hand_over; claim_jobs
+    -- returns it). NULLs elsewhere: the next job is made ready. Transaction-local.
+    SELECT pgjobs_claim_to(%s, %s, %s)
+), reported AS (
     -- The batch arrives as one JSON array of objects keyed by these columns, which are the
     -- fields of outcomes.Outcome of the same names (transitions.settle builds them).
-    SELECT *
-    FROM jsonb_to_recordset(%s::jsonb) AS r(
+    SELECT r.*
+    FROM claim, jsonb_to_recordset(%s::jsonb) AS r(
         job_id bigint, lease_token uuid, attempt int, worker_id text, status text,
         attempt_outcome text, delay_seconds float8, counted boolean, adds_snooze boolean,
         failure_class text, terminal_reason text, error text, traceback text, result_json text,
