@@ -261,7 +261,7 @@ def settle_and_claim(
     with transaction.atomic(using=using):
         results = prepared.run(using, [
             *_push_backs(outcomes),
-            (_SETTLE, [worker_id, queue, limit, reports]),
+            (_SETTLE, [queue, limit, reports]),
             (claim_statement(limit), {"queue": queue, "worker_id": worker_id}),
             *([(_CLAIM_TO_END, [])] if goes_on else []),
         ], whole_block=True)
@@ -369,7 +369,7 @@ def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dic
     if not outcomes:
         return {}
     *_, (_, rows) = prepared.run(using, [*_push_backs(outcomes),
-                                         (_SETTLE, [None, None, None, _reports(outcomes)])])
+                                         (_SETTLE, [None, None, _reports(outcomes)])])
     return _applied(outcomes, rows)
 
 

@@ -102,7 +102,7 @@ def test_the_settle_writes_attempts_without_reading_them_in_a_young_table() -> N
     reports.append(replace(reports[0], job_id=-1, lease_token=uuid.uuid4()))
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.query("settle_jobs"), [
-            None, None, None,  # no claim follows
+            None, None,  # no claim follows
             json.dumps([{f: getattr(o, f) for f in REPORT_FIELDS} for o in reports], default=str)])
         raw = cursor.fetchone()[0]
     nodes = plan_nodes((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"])

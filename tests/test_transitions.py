@@ -235,7 +235,7 @@ def test_with_server_side_binding_the_settlement_and_claim_are_two_statements() 
     # The settlement and the claim; and, as this test's transaction goes on after them, the
     # statement that ends what the settlement hands the claim.
     sent = statements(queries)
-    assert len(sent) == 3 and "pgjobs_claim_to(NULL, NULL, NULL)" in sent[2]
+    assert len(sent) == 3 and "pgjobs_claim_to(NULL, NULL)" in sent[2]
 
 
 def test_settle_writes_the_attempt_row_once_with_the_claims_facts() -> None:

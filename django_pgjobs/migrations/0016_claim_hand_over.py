@@ -12,35 +12,36 @@ from django.db import migrations
 #   transaction-local setting); the statement trigger after the same UPDATE hands all their slots
 #   on together (pgjobs_limit_hand_over_released).
 # - A worker's settle-and-claim transaction says who claims, from which queue and how many jobs
-#   more (pgjobs_claim_to, in the settle statement): a slot handed to a job of that queue starts
-#   it under that worker's lease in the one write that takes it out of throttled, instead of
-#   making it ready for the claim to write it again; the claim statement returns it with the jobs
-#   it took, and takes that many fewer.
+#   more (pgjobs_claim_to, in the settle statement): a job of that queue handed a slot is left
+#   throttled, holding it, for the claim statement sent next, which starts it with the jobs it
+#   takes (and takes that many fewer); it is written once, from throttled to running, instead
+#   of being made ready for the claim to write it again.
 HAND_OVER = """
 -- How many jobs a claim of `batch` may still take in this transaction: its batch, less the jobs
--- this transaction's settlement started for it (pgjobs_claim_to set the room). 0 for batch 0.
+-- this transaction's settlement handed it (pgjobs_claim_to set the room). 0 for batch 0.
 CREATE FUNCTION pgjobs_claim_room(batch integer) RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT COALESCE(NULLIF(current_setting('pgjobs.claim_room', true), '')::integer, batch)
 $$;
 
--- The jobs this transaction's settlement started for its claim.
-CREATE FUNCTION pgjobs_claim_handed() RETURNS bigint[]
+-- The jobs this transaction's settlement handed to its claim, and the slot each was handed: the
+-- claim statement starts them with the jobs it takes.
+CREATE FUNCTION pgjobs_claim_handed() RETURNS TABLE (id bigint, slot integer)
 LANGUAGE sql STABLE AS $$
-    SELECT string_to_array(NULLIF(current_setting('pgjobs.claim_handed', true), ''),
-                           ',')::bigint[]
+    SELECT split_part(h, ':', 1)::bigint, split_part(h, ':', 2)::integer
+    FROM unnest(string_to_array(NULLIF(current_setting('pgjobs.claim_handed', true), ''), ','))
+         AS h
 $$;
 
--- A worker's claim transaction, in its settle statement: a slot its settlement frees may start
--- the key's next job, if it is in `queue` (and the queue is not paused), under `worker`'s lease,
--- up to `room` jobs. Set for this transaction only; pgjobs_claim_to(NULL, NULL, NULL) ends it.
+-- A worker's claim transaction, in its settle statement: a slot its settlement frees may go to
+-- the key's next job for the claim that follows, if it is in `queue` (and the queue is not
+-- paused), up to `room` jobs. Set for this transaction only; pgjobs_claim_to(NULL, NULL) ends it.
 -- (PL/pgSQL, like pgjobs_limit_room below: a LANGUAGE sql function that cannot be inlined is
 -- planned again at every call, 30 to 60 us here.)
-CREATE FUNCTION pgjobs_claim_to(worker text, queue text, room integer) RETURNS void
+CREATE FUNCTION pgjobs_claim_to(queue text, room integer) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM set_config('pgjobs.claim_worker', COALESCE(worker, ''), true),
-            set_config('pgjobs.claim_queue', COALESCE(queue, ''), true),
+    PERFORM set_config('pgjobs.claim_queue', COALESCE(queue, ''), true),
             set_config('pgjobs.claim_room', COALESCE(room::text, ''), true),
             set_config('pgjobs.claim_handed', '', true);
 END
@@ -92,9 +93,9 @@ $$;
 -- one pass, each freed slot goes to its key's next throttled job (highest priority, oldest), or
 -- is freed when none waits, or when the key's limit was lowered under it (the limits step then
 -- gives free slots below the new limit once the key has room). One write of each slot row:
--- handed over, never freed and taken again. A job handed a slot starts at once under the lease
--- of the claim that follows in this transaction, when there is one for its queue with room
--- (pgjobs_claim_to); else it is ready. Under a rate, each slot is handed on alone, as a claim
+-- handed over, never freed and taken again. A job handed a slot is left for the claim that
+-- follows in this transaction, when there is one for its queue with room (pgjobs_claim_to),
+-- which starts it; else it is ready. Under a rate, each slot is handed on alone, as a claim
 -- hands it (pgjobs_limit_hand_over): its next job may have to wait for its time.
 -- Its statements' plans are kept generic: a custom plan of the hand-over costs more to make
 -- than to run.
@@ -103,7 +104,8 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     released bigint[] := string_to_array(NULLIF(current_setting('pgjobs.released', true), ''),
                                          ',')::bigint[];
-    handed bigint[];
+    handed text[];
+    made_ready bigint[];
 BEGIN
     IF released IS NULL THEN
         RETURN NULL;
@@ -165,37 +167,25 @@ BEGIN
                g.ours AND row_number() OVER (PARTITION BY g.ours ORDER BY g.next_job)
                           <= pgjobs_claim_room(0) AS to_claim
         FROM given AS g
-    ), written AS (
-        -- Ready, holding the slot; or started for the claim, written as the claim statement
-        -- (sql/jobs.sql, claim_jobs) writes a job it takes, and returned by it.
-        UPDATE pgjobs_job AS j
-        SET status = CASE WHEN s.to_claim THEN 'running' ELSE 'ready' END,
-            limit_slot = s.slot,
-            attempts = j.attempts + CASE WHEN s.to_claim THEN 1 ELSE 0 END,
-            lease_owner = CASE WHEN s.to_claim
-                               THEN current_setting('pgjobs.claim_worker', true) END,
-            lease_token = CASE WHEN s.to_claim THEN gen_random_uuid() END,
-            lease_expires_at = CASE WHEN s.to_claim
-                                    THEN statement_timestamp()
-                                         + make_interval(secs => j.lease_seconds) END,
-            heartbeat_at = CASE WHEN s.to_claim THEN statement_timestamp()
-                                ELSE j.heartbeat_at END,
-            claimed_at = CASE WHEN s.to_claim THEN clock_timestamp() ELSE j.claimed_at END,
-            started_at = CASE WHEN s.to_claim THEN COALESCE(j.started_at, statement_timestamp())
-                              ELSE j.started_at END,
-            updated_at = statement_timestamp()
-        FROM started AS s
-        WHERE j.id = s.next_job
-        RETURNING j.id, s.to_claim
     )
-    SELECT array_agg(w.id) FILTER (WHERE w.to_claim) INTO handed
-    FROM written AS w;
+    SELECT array_agg(s.next_job || ':' || s.slot) FILTER (WHERE s.to_claim),
+           array_agg(s.next_job) FILTER (WHERE NOT s.to_claim)
+    INTO handed, made_ready
+    FROM started AS s;
     IF handed IS NOT NULL THEN
+        -- Still throttled, holding its slot: the claim statement sent next in this transaction
+        -- (sql/jobs.sql, claim_jobs) starts it with the jobs it takes, in its one write.
         PERFORM set_config('pgjobs.claim_room',
                            (pgjobs_claim_room(0) - cardinality(handed))::text, true),
                 set_config('pgjobs.claim_handed',
                            concat_ws(',', NULLIF(current_setting('pgjobs.claim_handed'), ''),
                                      array_to_string(handed, ',')), true);
+    END IF;
+    IF made_ready IS NOT NULL THEN
+        UPDATE pgjobs_job AS j
+        SET status = 'ready', limit_slot = s.n, updated_at = statement_timestamp()
+        FROM pgjobs_key_slot AS s
+        WHERE j.id = ANY(made_ready) AND s.key = j.limit_key AND s.job_id = j.id;
     END IF;
     RETURN NULL;
 END
@@ -220,7 +210,7 @@ UNDO_HAND_OVER = (_function_before("pgjobs_limit_release") + "\n"
                   + _function_before("pgjobs_limit_room") + """
 DROP TRIGGER pgjobs_limit_hand_over_released ON pgjobs_job;
 DROP FUNCTION pgjobs_limit_hand_over_released();
-DROP FUNCTION pgjobs_claim_to(text, text, integer);
+DROP FUNCTION pgjobs_claim_to(text, integer);
 DROP FUNCTION pgjobs_claim_handed();
 DROP FUNCTION pgjobs_claim_room(integer);
 DROP FUNCTION pgjobs_limit_rooms(text[], integer[]);

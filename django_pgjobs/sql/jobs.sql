@@ -44,24 +44,21 @@ WITH candidates AS (
         -- The clock as the row is taken: after the settlement that made it claimable committed.
         claimed_at = clock_timestamp(),
         started_at = COALESCE(j.started_at, statement_timestamp()),
-        updated_at = statement_timestamp()
-    FROM candidates AS c
-    WHERE j.id = c.id
+        updated_at = statement_timestamp(),
+        limit_slot = COALESCE(c.slot, j.limit_slot)
+    FROM (
+        SELECT c.id, NULL::integer AS slot FROM candidates AS c
+        -- And the jobs this transaction's settlement handed this claim with their key's slot
+        -- (pgjobs_limit_hand_over_released), still throttled: they count in the batch, which
+        -- is why the LIMIT above is the batch less them.
+        UNION ALL
+        SELECT h.id, h.slot FROM pgjobs_claim_handed() AS h
+    ) AS c
+    WHERE j.id = c.id AND (c.slot IS NULL OR j.status = 'throttled')
     RETURNING j.id, j.task, j.payload_version, j.payload, j.attempts, j.max_attempts,
               j.snoozes, j.deadline, j.lease_seconds, j.lease_token, j.lease_expires_at,
               j.trace_id, j.queue, j.priority, j.created_at, j.run_at, j.scheduled_at,
               j.lease_owner, j.timeout_seconds, j.traceparent
-), handed AS (
-    -- Jobs this transaction's settlement started for this claim as it handed them their key's
-    -- slot (pgjobs_limit_hand_over_released): they count in the batch, which is why the LIMIT
-    -- above is the batch less them.
-    SELECT j.id, j.task, j.payload_version, j.payload, j.attempts, j.max_attempts, j.snoozes,
-           j.deadline, j.lease_seconds, j.lease_token, j.lease_expires_at, j.trace_id, j.queue,
-           j.priority, j.created_at, j.run_at, j.scheduled_at, j.lease_owner,
-           j.timeout_seconds, j.traceparent
-    FROM pgjobs_job AS j
-    WHERE j.id = ANY(pgjobs_claim_handed()) AND j.status = 'running'
-      AND j.lease_owner = %(worker_id)s
 )
 -- The result's columns are named after the fields of claimed.ClaimedJob, which reads them by
 -- name. Times as whole microseconds since the epoch (the _us columns): exact, and the worker
@@ -72,12 +69,12 @@ SELECT id, task, payload_version, payload, attempts AS attempt, max_attempts, sn
        trace_id, queue, priority, (extract(epoch FROM created_at) * 1000000)::int8 AS created_at_us,
        (extract(epoch FROM run_at) * 1000000)::int8 AS run_at_us, timeout_seconds,
        (extract(epoch FROM scheduled_at) * 1000000)::int8 AS scheduled_at_us, traceparent
-FROM (SELECT * FROM claimed UNION ALL SELECT * FROM handed) AS taken
+FROM claimed
 ORDER BY priority DESC, run_at, id
 
 -- name: claim_to_end
 -- After the claim, in a transaction that goes on (a test's): nothing more goes to that claim.
-SELECT pgjobs_claim_to(NULL, NULL, NULL)
+SELECT pgjobs_claim_to(NULL, NULL)
 
 -- name: settle_jobs
 -- One fenced statement for a whole batch of outcomes. A job row changes only while it is still
@@ -91,11 +88,11 @@ SELECT pgjobs_claim_to(NULL, NULL, NULL)
 -- written (clock_timestamp()): before this statement commits, so before any later claim of the
 -- same job stamps its claimed_at, and never before the attempt's own claimed_at.
 WITH claim AS (
-    -- In a worker's settle-and-claim transaction, the worker, the queue and the batch of the
-    -- claim that follows: a limit key's slot this statement frees may start the key's next job
-    -- right here, for that claim, if it is of that queue (pgjobs_limit_hand_over; claim_jobs
-    -- returns it). NULLs elsewhere: the next job is made ready. Transaction-local.
-    SELECT pgjobs_claim_to(%s, %s, %s)
+    -- In a worker's settle-and-claim transaction, the queue and the batch of the claim that
+    -- follows: a limit key's slot this statement frees goes with the key's next job to that
+    -- claim, which starts it, if it is of that queue (pgjobs_limit_hand_over_released).
+    -- NULLs elsewhere: the next job is made ready. Transaction-local.
+    SELECT pgjobs_claim_to(%s, %s)
 ), reported AS (
     -- The batch arrives as one JSON array of objects keyed by these columns, which are the
     -- fields of outcomes.Outcome of the same names (transitions.settle builds them).
