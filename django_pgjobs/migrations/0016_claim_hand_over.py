@@ -99,18 +99,12 @@ $$;
 -- hands it (pgjobs_limit_hand_over): its next job may have to wait for its time.
 -- Its statements' plans are kept generic: a custom plan of the hand-over costs more to make
 -- than to run.
-CREATE FUNCTION pgjobs_limit_hand_over_released() RETURNS trigger
+CREATE FUNCTION pgjobs_limit_hand_over_many(released bigint[]) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    released bigint[] := string_to_array(NULLIF(current_setting('pgjobs.released', true), ''),
-                                         ',')::bigint[];
     handed text[];
     made_ready bigint[];
 BEGIN
-    IF released IS NULL THEN
-        RETURN NULL;
-    END IF;
-    PERFORM set_config('pgjobs.released', '', true);
     PERFORM pgjobs_limit_hand_over(j.limit_key, j.limit_max, j.limit_slot, j.id)
     FROM pgjobs_job AS j
     WHERE j.id = ANY(released) AND j.rate_interval IS NOT NULL
@@ -187,6 +181,20 @@ BEGIN
         FROM pgjobs_key_slot AS s
         WHERE j.id = ANY(made_ready) AND s.key = j.limit_key AND s.job_id = j.id;
     END IF;
+END
+$$;
+
+-- After every UPDATE of a job's status: the slots its rows freed, if any, are handed on. This
+-- runs for every such statement, so it only looks (the hand-over above sets what its plans need).
+CREATE FUNCTION pgjobs_limit_hand_over_released() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    released text := current_setting('pgjobs.released', true);
+BEGIN
+    IF released <> '' THEN
+        PERFORM set_config('pgjobs.released', '', true);
+        PERFORM pgjobs_limit_hand_over_many(string_to_array(released, ',')::bigint[]);
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -210,6 +218,7 @@ UNDO_HAND_OVER = (_function_before("pgjobs_limit_release") + "\n"
                   + _function_before("pgjobs_limit_room") + """
 DROP TRIGGER pgjobs_limit_hand_over_released ON pgjobs_job;
 DROP FUNCTION pgjobs_limit_hand_over_released();
+DROP FUNCTION pgjobs_limit_hand_over_many(bigint[]);
 DROP FUNCTION pgjobs_claim_to(text, integer);
 DROP FUNCTION pgjobs_claim_handed();
 DROP FUNCTION pgjobs_claim_room(integer);
