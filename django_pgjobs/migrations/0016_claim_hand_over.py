@@ -47,32 +47,25 @@ BEGIN
 END
 $$;
 
--- How many slots of each key (with the cap its job declares) may be held now: its limit (the
--- cap, unless an operator set one in pgjobs_key_limit), or none while a slot at or above it is
--- still held (a limit lowered while jobs ran: nothing new starts until those end). Every taking
--- and handing over asks this, for one key (pgjobs_limit_room) or for a statement's keys at once.
-CREATE FUNCTION pgjobs_limit_rooms(keys text[], caps integer[])
-RETURNS TABLE (limit_key text, room integer)
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN QUERY
-    SELECT DISTINCT k.k, CASE WHEN EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
-                                           WHERE o.key = k.k AND o.n >= c.cap
-                                             AND o.job_id IS NOT NULL)
-                              THEN 0 ELSE c.cap END
-    FROM unnest(keys, caps) AS k(k, cap)
-    CROSS JOIN LATERAL (
-        SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l WHERE l.key = k.k),
-                        k.cap) AS cap
-    ) AS c;
-END
+-- How many slots of key k (whose job declares `cap`) may be held now: its limit (the cap,
+-- unless an operator set one in pgjobs_key_limit), or none while a slot at or above it is still
+-- held (a limit lowered while jobs ran: nothing new starts until those end). Every taking and
+-- handing over asks this: one key at a time (pgjobs_limit_room), or each key of a statement's
+-- hand-over, into whose query the planner writes this set-returning LANGUAGE sql function.
+CREATE FUNCTION pgjobs_limit_room_of(k text, cap integer) RETURNS TABLE (room integer)
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
+                             WHERE o.key = k AND o.n >= c.cap AND o.job_id IS NOT NULL)
+                THEN 0 ELSE c.cap END
+    FROM (SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l WHERE l.key = k),
+                          cap) AS cap) AS c
 $$;
 
 -- Migration 0011's function, asking the one above; in PL/pgSQL its plan is kept.
 CREATE OR REPLACE FUNCTION pgjobs_limit_room(k text, cap integer) RETURNS integer
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    RETURN (SELECT r.room FROM pgjobs_limit_rooms(ARRAY[k], ARRAY[cap]) AS r);
+    RETURN (SELECT r.room FROM pgjobs_limit_room_of(k, cap) AS r);
 END
 $$;
 
@@ -82,9 +75,16 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs_limit_release() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM set_config('pgjobs.released',
-                       concat_ws(',', NULLIF(current_setting('pgjobs.released', true), ''),
-                                 OLD.id::text), true);
+    IF OLD.rate_interval IS NULL THEN
+        PERFORM set_config('pgjobs.released',
+                           concat_ws(',', NULLIF(current_setting('pgjobs.released', true), ''),
+                                     OLD.id::text), true);
+    ELSE
+        PERFORM set_config('pgjobs.released_rated',
+                           concat_ws(',',
+                                     NULLIF(current_setting('pgjobs.released_rated', true), ''),
+                                     OLD.id::text), true);
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -95,33 +95,24 @@ $$;
 -- gives free slots below the new limit once the key has room). One write of each slot row:
 -- handed over, never freed and taken again. A job handed a slot is left for the claim that
 -- follows in this transaction, when there is one for its queue with room (pgjobs_claim_to),
--- which starts it; else it is ready. Under a rate, each slot is handed on alone, as a claim
--- hands it (pgjobs_limit_hand_over): its next job may have to wait for its time.
--- Its statements' plans are kept generic: a custom plan of the hand-over costs more to make
--- than to run.
+-- which starts it; else it is ready. (A rate's slot is handed on alone, as a claim hands it,
+-- pgjobs_limit_hand_over: its next job may have to wait for its time.) Its statements' plans
+-- are kept generic: a custom plan of the hand-over costs more to make than to run.
 CREATE FUNCTION pgjobs_limit_hand_over_many(released bigint[]) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     handed text[];
     made_ready bigint[];
 BEGIN
-    PERFORM pgjobs_limit_hand_over(j.limit_key, j.limit_max, j.limit_slot, j.id)
-    FROM pgjobs_job AS j
-    WHERE j.id = ANY(released) AND j.rate_interval IS NOT NULL
-    ORDER BY j.id;
-    WITH ended AS (
-        SELECT j.limit_key AS key, j.limit_max AS cap, j.limit_slot AS slot, j.id AS holder
-        FROM pgjobs_job AS j
-        WHERE j.id = ANY(released) AND j.rate_interval IS NULL
-    ), freed AS (
+    WITH freed AS (
         -- Numbered per key, lowest slot first: a key's slots with room come first, and its
         -- first freed slot goes to its first waiting job.
-        SELECT e.key, e.slot, e.holder, e.slot < r.room AS has_room,
-               row_number() OVER (PARTITION BY e.key ORDER BY e.slot) AS nth
-        FROM ended AS e
-        JOIN pgjobs_limit_rooms(ARRAY(SELECT e.key FROM ended AS e),
-                                ARRAY(SELECT e.cap FROM ended AS e)) AS r
-          ON r.limit_key = e.key
+        SELECT j.limit_key AS key, j.limit_slot AS slot, j.id AS holder,
+               j.limit_slot < r.room AS has_room,
+               row_number() OVER (PARTITION BY j.limit_key ORDER BY j.limit_slot) AS nth
+        FROM pgjobs_job AS j
+        CROSS JOIN LATERAL pgjobs_limit_room_of(j.limit_key, j.limit_max) AS r
+        WHERE j.id = ANY(released)
     ), wanted AS (
         SELECT f.key, count(*) FILTER (WHERE f.has_room) AS n
         FROM freed AS f
@@ -184,13 +175,22 @@ BEGIN
 END
 $$;
 
--- After every UPDATE of a job's status: the slots its rows freed, if any, are handed on. This
--- runs for every such statement, so it only looks (the hand-over above sets what its plans need).
+-- After every UPDATE of a job's status: the slots its rows freed, if any, are handed on, a
+-- rate's one by one and the others together. This runs for every such statement, so it only
+-- looks (the hand-over above sets what its plans need).
 CREATE FUNCTION pgjobs_limit_hand_over_released() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     released text := current_setting('pgjobs.released', true);
+    rated text := current_setting('pgjobs.released_rated', true);
 BEGIN
+    IF rated <> '' THEN
+        PERFORM set_config('pgjobs.released_rated', '', true);
+        PERFORM pgjobs_limit_hand_over(j.limit_key, j.limit_max, j.limit_slot, j.id)
+        FROM pgjobs_job AS j
+        WHERE j.id = ANY(string_to_array(rated, ',')::bigint[])
+        ORDER BY j.id;
+    END IF;
     IF released <> '' THEN
         PERFORM set_config('pgjobs.released', '', true);
         PERFORM pgjobs_limit_hand_over_many(string_to_array(released, ',')::bigint[]);
@@ -222,7 +222,7 @@ DROP FUNCTION pgjobs_limit_hand_over_many(bigint[]);
 DROP FUNCTION pgjobs_claim_to(text, integer);
 DROP FUNCTION pgjobs_claim_handed();
 DROP FUNCTION pgjobs_claim_room(integer);
-DROP FUNCTION pgjobs_limit_rooms(text[], integer[]);
+DROP FUNCTION pgjobs_limit_room_of(text, integer);
 """)
 
 
