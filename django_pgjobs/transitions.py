@@ -256,8 +256,9 @@ def settle_and_claim(
     if not outcomes:
         return {}, claim_jobs(worker_id, queue, limit, using=using)
     reports = _reports(outcomes)
-    # In a transaction that goes on after the claim (a test's), nothing more may go to it.
-    goes_on = connections[using].in_atomic_block
+    # In a transaction that goes on after the claim (a test's, or one the caller opened),
+    # nothing more may go to it.
+    goes_on = not _outside_any_transaction(connections[using])
     with transaction.atomic(using=using):
         results = prepared.run(using, [
             *_push_backs(outcomes),

@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
 import django_pgjobs
-from django_pgjobs import InvalidJobOption, InvalidLimitKey, Limit
+from django_pgjobs import InvalidJobOption, InvalidLimitKey, Limit, sql
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job, KeyLimit, KeySlot, OperatorAction, QueueState
 from django_pgjobs.outcomes import Outcome
@@ -226,6 +226,68 @@ def test_after_a_settle_and_claim_a_transaction_that_goes_on_starts_nothing_for_
     dead_letter_jobs([elsewhere.pk], "no longer wanted", actor=Actor("op"))
     assert statuses(*waiting) == ["running", "ready"]
     assert Job.objects.get(pk=waiting[1].pk).lease_owner is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_the_caller_manages_goes_on_after_the_claim_too() -> None:
+    enqueue_for("acme", 1)
+    [elsewhere] = enqueue_for("acme", 1, queue="elsewhere")
+    waiting = enqueue_for("acme", 2)
+    [c] = claim_jobs("w", "default", 1)
+    transaction.set_autocommit(False)
+    try:
+        _, claimed = settle_and_claim([succeeded(c)], "w", "default", 5)
+        dead_letter_jobs([elsewhere.pk], "no longer wanted", actor=Actor("op"))
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+    assert [c.id for c in claimed] == [waiting[0].pk]
+    assert statuses(*waiting) == ["running", "ready"]
+    assert unheld_slots() == []
+
+
+def unheld_slots() -> list[Any]:
+    """Held slots whose job does not say it holds them (what the orphaned-slots step frees)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.query("orphaned_slots"), {"batch": 100})
+        return cursor.fetchall()
+
+
+@pytest.mark.parametrize("batch", [5, 1])
+def test_a_slot_freed_in_a_nested_statement_is_not_handed_to_a_job_twice(batch) -> None:
+    # B's end makes its dependent ready in a statement of the workflows' trigger, which runs
+    # while the settle statement's own row triggers still run: the slots that statement freed
+    # are handed on in two steps, and the second must not pick the job the first handed.
+    [a, b] = enqueue_for("acme", 2)
+    waiting = enqueue_for("acme", 2)
+    dependent = django_pgjobs.enqueue("tests.ok", {}, after=[b])
+    running = claim_jobs("w", "default", 2)
+    assert {c.id for c in running} == {a.pk, b.pk}
+    _, claimed = settle_and_claim([succeeded(c) for c in running], "w", "default", batch)
+    if batch == 5:
+        assert {c.id for c in claimed} == {waiting[0].pk, waiting[1].pk, dependent.pk}
+        assert statuses(*waiting) == ["running", "running"]
+    else:
+        assert [c.id for c in claimed] == [waiting[0].pk]
+        assert statuses(*waiting) == ["running", "ready"]
+    assert sorted(held("tests.limited:acme").values()) == sorted(j.pk for j in waiting)
+    assert sorted(Job.objects.filter(pk__in=[j.pk for j in waiting])
+                  .values_list("limit_slot", flat=True)) == [0, 1]
+    assert unheld_slots() == []
+
+
+def test_an_update_of_thousands_of_slot_holders_hands_each_slot_on() -> None:
+    keys = 4000
+    django_pgjobs.enqueue_many([JobSpec.of("tests.limited", {"customer": f"c{i}", "n": n})
+                                for n in range(3) for i in range(keys)])
+    holders = list(Job.objects.filter(status="ready").values_list("pk", flat=True))
+    assert len(holders) == 2 * keys
+    # One statement ends the runs of half of them: more than the noted list holds at once.
+    first = [pk for pk in holders if Job.objects.filter(pk=pk, limit_slot=0).exists()]
+    assert cancel_jobs(first, actor=Actor("op")) == (keys, 0)
+    assert Job.objects.filter(status="throttled").count() == 0
+    assert Job.objects.filter(status="ready").count() == 2 * keys
+    assert unheld_slots() == []
 
 
 def test_a_settlement_alone_makes_the_next_job_ready() -> None:

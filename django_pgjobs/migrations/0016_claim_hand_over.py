@@ -74,11 +74,22 @@ $$;
 -- own trigger hands its slot on with the others the statement freed.
 CREATE OR REPLACE FUNCTION pgjobs_limit_release() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    released text;
 BEGIN
     IF OLD.rate_interval IS NULL THEN
-        PERFORM set_config('pgjobs.released',
-                           concat_ws(',', NULLIF(current_setting('pgjobs.released', true), ''),
-                                     OLD.id::text), true);
+        released := concat_ws(',', NULLIF(current_setting('pgjobs.released', true), ''),
+                              OLD.id::text);
+        IF length(released) < 16384 THEN
+            PERFORM set_config('pgjobs.released', released, true);
+        ELSE
+            -- An UPDATE of thousands of jobs (an operator's bulk cancel): their slots are
+            -- handed on in batches of about a thousand, not noted in one ever longer text
+            -- (appending to it is quadratic). This runs after the statement's rows are all
+            -- written, like the statement trigger.
+            PERFORM set_config('pgjobs.released', '', true);
+            PERFORM pgjobs_limit_hand_over_many(string_to_array(released, ',')::bigint[]);
+        END IF;
     ELSE
         PERFORM set_config('pgjobs.released_rated',
                            concat_ws(',',
@@ -126,6 +137,12 @@ BEGIN
             SELECT j.id, j.queue, j.priority, j.run_at
             FROM pgjobs_job AS j
             WHERE j.limit_key = w.key AND j.status = 'throttled' AND j.limit_slot IS NULL
+              AND j.rate_interval IS NULL
+              -- Handed to this transaction's claim already (by an earlier statement of this
+              -- transaction: a nested one, the workflows' trigger's, hands on slots the outer
+              -- statement freed before it): it holds a slot, though its row does not say so
+              -- yet, and this transaction's own lock does not skip it.
+              AND j.id NOT IN (SELECT h.id FROM pgjobs_claim_handed() AS h)
             ORDER BY j.priority DESC, j.run_at, j.id
             LIMIT w.n
             FOR UPDATE SKIP LOCKED
@@ -184,15 +201,18 @@ DECLARE
     released text := current_setting('pgjobs.released', true);
     rated text := current_setting('pgjobs.released_rated', true);
 BEGIN
+    IF rated <> '' OR released <> '' THEN
+        -- Cleared first: the hand-overs' own UPDATEs run this trigger again.
+        PERFORM set_config('pgjobs.released_rated', '', true),
+                set_config('pgjobs.released', '', true);
+    END IF;
     IF rated <> '' THEN
-        PERFORM set_config('pgjobs.released_rated', '', true);
         PERFORM pgjobs_limit_hand_over(j.limit_key, j.limit_max, j.limit_slot, j.id)
         FROM pgjobs_job AS j
         WHERE j.id = ANY(string_to_array(rated, ',')::bigint[])
         ORDER BY j.id;
     END IF;
     IF released <> '' THEN
-        PERFORM set_config('pgjobs.released', '', true);
         PERFORM pgjobs_limit_hand_over_many(string_to_array(released, ',')::bigint[]);
     END IF;
     RETURN NULL;
