@@ -248,8 +248,8 @@ def settle_and_claim(
     sent as one message with the transaction's BEGIN and COMMIT (``prepared.run``). Both commit
     or neither does. Return what ``settle`` and ``claim_jobs`` return.
 
-    A limit key's slot that the settlement frees starts the key's next job at once for this
-    claim when that job is of ``queue`` (the settlement is told of the claim): it is written
+    A limit key's slot that the settlement frees goes with the key's next job to this claim when
+    that job is of ``queue`` (the settlement is told of the claim): the claim starts it, written
     from ``throttled`` to ``running`` once, not made ready for the claim to write it again, and
     it counts in the batch of ``limit``.
     """

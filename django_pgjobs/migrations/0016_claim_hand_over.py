@@ -17,11 +17,14 @@ from django.db import migrations
 #   takes (and takes that many fewer); it is written once, from throttled to running, instead
 #   of being made ready for the claim to write it again.
 HAND_OVER = """
--- How many jobs a claim of `batch` may still take in this transaction: its batch, less the jobs
--- this transaction's settlement handed it (pgjobs_claim_to set the room). 0 for batch 0.
+-- How many jobs a claim of `batch` may still take in this transaction: the batch the settlement
+-- was told of (pgjobs_claim_to), else `batch`, less the jobs the settlement handed the claim.
+-- 0 for batch 0 where no claim follows. One expression, which the planner writes in.
 CREATE FUNCTION pgjobs_claim_room(batch integer) RETURNS integer
 LANGUAGE sql STABLE AS $$
-    SELECT COALESCE(NULLIF(current_setting('pgjobs.claim_room', true), '')::integer, batch)
+    SELECT COALESCE(NULLIF(current_setting('pgjobs.claim_batch', true), '')::integer, batch)
+           - COALESCE(cardinality(string_to_array(
+                 NULLIF(current_setting('pgjobs.claim_handed', true), ''), ',')), 0)
 $$;
 
 -- The jobs this transaction's settlement handed to its claim, and the slot each was handed: the
@@ -35,14 +38,15 @@ $$;
 
 -- A worker's claim transaction, in its settle statement: a slot its settlement frees may go to
 -- the key's next job for the claim that follows, if it is in `queue` (and the queue is not
--- paused), up to `room` jobs. Set for this transaction only; pgjobs_claim_to(NULL, NULL) ends it.
+-- paused), up to the claim's `batch`. Set for this transaction only; pgjobs_claim_to(NULL, NULL)
+-- ends it.
 -- (PL/pgSQL, like pgjobs_limit_room below: a LANGUAGE sql function that cannot be inlined is
 -- planned again at every call, 30 to 60 us here.)
-CREATE FUNCTION pgjobs_claim_to(queue text, room integer) RETURNS void
+CREATE FUNCTION pgjobs_claim_to(queue text, batch integer) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     PERFORM set_config('pgjobs.claim_queue', COALESCE(queue, ''), true),
-            set_config('pgjobs.claim_room', COALESCE(room::text, ''), true),
+            set_config('pgjobs.claim_batch', COALESCE(batch::text, ''), true),
             set_config('pgjobs.claim_handed', '', true);
 END
 $$;
@@ -84,7 +88,7 @@ BEGIN
             PERFORM set_config('pgjobs.released', released, true);
         ELSE
             -- An UPDATE of thousands of jobs (an operator's bulk cancel): their slots are
-            -- handed on in batches of about a thousand, not noted in one ever longer text
+            -- handed on in batches of a few thousand, not noted in one ever longer text
             -- (appending to it is quadratic). This runs after the statement's rows are all
             -- written, like the statement trigger.
             PERFORM set_config('pgjobs.released', '', true);
@@ -113,7 +117,8 @@ CREATE FUNCTION pgjobs_limit_hand_over_many(released bigint[]) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     handed text[];
-    made_ready bigint[];
+    ready_jobs bigint[];
+    ready_slots integer[];
 BEGIN
     WITH freed AS (
         -- Numbered per key, lowest slot first: a key's slots with room come first, and its
@@ -171,23 +176,23 @@ BEGIN
         FROM given AS g
     )
     SELECT array_agg(s.next_job || ':' || s.slot) FILTER (WHERE s.to_claim),
-           array_agg(s.next_job) FILTER (WHERE NOT s.to_claim)
-    INTO handed, made_ready
+           array_agg(s.next_job) FILTER (WHERE NOT s.to_claim),
+           array_agg(s.slot) FILTER (WHERE NOT s.to_claim)
+    INTO handed, ready_jobs, ready_slots
     FROM started AS s;
     IF handed IS NOT NULL THEN
         -- Still throttled, holding its slot: the claim statement sent next in this transaction
-        -- (sql/jobs.sql, claim_jobs) starts it with the jobs it takes, in its one write.
-        PERFORM set_config('pgjobs.claim_room',
-                           (pgjobs_claim_room(0) - cardinality(handed))::text, true),
-                set_config('pgjobs.claim_handed',
+        -- (sql/jobs.sql, claim_jobs) starts it with the jobs it takes, in its one write, and
+        -- takes that many fewer (pgjobs_claim_room counts them).
+        PERFORM set_config('pgjobs.claim_handed',
                            concat_ws(',', NULLIF(current_setting('pgjobs.claim_handed'), ''),
                                      array_to_string(handed, ',')), true);
     END IF;
-    IF made_ready IS NOT NULL THEN
+    IF ready_jobs IS NOT NULL THEN
         UPDATE pgjobs_job AS j
-        SET status = 'ready', limit_slot = s.n, updated_at = statement_timestamp()
-        FROM pgjobs_key_slot AS s
-        WHERE j.id = ANY(made_ready) AND s.key = j.limit_key AND s.job_id = j.id;
+        SET status = 'ready', limit_slot = r.slot, updated_at = statement_timestamp()
+        FROM unnest(ready_jobs, ready_slots) AS r(id, slot)
+        WHERE j.id = r.id;
     END IF;
 END
 $$;

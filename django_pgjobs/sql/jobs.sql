@@ -6,9 +6,9 @@
 -- name: claim_jobs
 -- The claim, whole: up to a batch of ready jobs of one queue, for one worker (the batch size is
 -- written in per size; the queue and the worker's id are its two parameters). The batch counts
--- the jobs the transaction's settlement started for this claim as it handed them their limit
--- key's slot (settle_and_claim; pgjobs_claim_room is the batch less those, and the batch itself
--- in any other transaction), and the claim returns them with the ones it takes.
+-- the jobs the transaction's settlement handed this claim with their limit key's slot
+-- (settle_and_claim; pgjobs_claim_room is the batch less those, and the batch itself in any
+-- other transaction): the claim starts them with the ones it takes.
 -- The candidates are the ORM's Job.objects.select_for_update(skip_locked=True) query of
 -- transitions.claim_candidates, written out as Django compiles it (a test compiles that query in
 -- the claim's transaction.atomic() on each supported Django and proves this text equal, its
@@ -73,7 +73,8 @@ FROM claimed
 ORDER BY priority DESC, run_at, id
 
 -- name: claim_to_end
--- After the claim, in a transaction that goes on (a test's): nothing more goes to that claim.
+-- After the claim, in a transaction that goes on (a test's, or one its caller opened): nothing
+-- more goes to that claim, and a later claim in it takes its whole batch.
 SELECT pgjobs_claim_to(NULL, NULL)
 
 -- name: settle_jobs
