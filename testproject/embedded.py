@@ -60,16 +60,27 @@ def embedded_database(pgdata: Path) -> dict[str, Any]:
     }
 
 
+def _started(pid: int) -> float:
+    """When process ``pid`` started: on Linux its start in clock ticks since boot, which no
+    change of the wall clock moves (psutil's create_time adds the boot time, which NTP's
+    corrections shift by a second now and then: every user would then look gone, and the next
+    to leave would stop the server under the others)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return float(stat.read().rsplit(b")", 1)[1].split()[19])
+    except OSError:
+        return float(psutil.Process(pid).create_time())
+
+
 def _this_process() -> User:
-    return os.getpid(), psutil.Process().create_time()
+    return os.getpid(), _started(os.getpid())
 
 
 def _alive(user: User) -> bool:
     pid, started = user
     try:
-        process = psutil.Process(pid)
-        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        return _started(pid) == started and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (OSError, psutil.Error):
         return False
 
 
