@@ -1,6 +1,7 @@
 """What a per-key limit costs: a limited drain beside an unlimited one, and head-of-line.
 
-``python -m bench.limits [--jobs 20000] [--processes 4] [--repeats 3] [--rate-seconds 60]``
+``python -m bench.limits [--jobs 20000] [--processes 4] [--repeats 3] [--rate-seconds 60]
+[--only-drains | --only-rates]``
 (``make bench-limits``)
 
 In one run, on one database, interleaved:
@@ -173,6 +174,8 @@ def main() -> None:
     parser.add_argument("--rate-seconds", type=float, default=60.0)
     parser.add_argument("--only-rates", action="store_true",
                         help="measure the rates held alone")
+    parser.add_argument("--only-drains", action="store_true",
+                        help="measure the three drains alone")
     args = parser.parse_args()
     harness.fresh_django(DATABASE)
 
@@ -205,6 +208,8 @@ def main() -> None:
     unlimited = medians["unlimited"]
     for label in list(cases)[1:]:
         print(f"ratio ({label} / unlimited): {medians[label] / unlimited:.3f}")
+    if args.only_drains:
+        return
 
     runs = [head_of_line(args.processes) for _ in range(args.repeats)]
     timings = {case: statistics.median(run[case] for run in runs) for case in runs[0]}
