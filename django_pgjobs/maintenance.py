@@ -25,6 +25,7 @@ from .receipts import delete_expired_receipts
 from .schedules import ScheduleStep
 from .status import TERMINAL_STATUSES, JobStatus
 from .transitions import (
+    ORPHAN_SCAN,
     admit_waiting_keys,
     delete_finished_jobs,
     expire_pending_jobs,
@@ -134,14 +135,25 @@ class RateStep:
         return self.next_in
 
 
-def orphaned_slots_step(using: str = DEFAULT_DB_ALIAS) -> int:
-    """Free slots whose holder is gone; each is logged, as it should not happen."""
-    freed = free_orphaned_slots(settings.RESCUE_BATCH, using=using)
-    for key, n, job_id in freed:
-        logger.error("limit.orphaned_slot key=%s slot=%s job=%s: freed; its holder was deleted "
-                     "or changed without the triggers of pgjobs_job", escape_control(key), n,
-                     job_id)
-    return len(freed)
+class OrphanedSlotsStep:
+    """Free slots whose holder is gone; each is logged, as it should not happen.
+
+    Each run looks through the next ``scan`` held slots, so a run's work is bounded however
+    many slots are held, and starts over after the last one.
+    """
+
+    def __init__(self, scan: int = ORPHAN_SCAN) -> None:
+        self.scan = scan
+        self.after = 0
+
+    def __call__(self, using: str = DEFAULT_DB_ALIAS) -> int:
+        freed, self.after = free_orphaned_slots(settings.RESCUE_BATCH, after=self.after,
+                                                scan=self.scan, using=using)
+        for key, n, job_id in freed:
+            logger.error("limit.orphaned_slot key=%s slot=%s job=%s: freed; its holder was "
+                         "deleted or changed without the triggers of pgjobs_job",
+                         escape_control(key), n, job_id)
+        return len(freed)
 
 
 # --- priority aging ------------------------------------------------------------------------------
@@ -364,7 +376,7 @@ def default_steps(
         # the promote step's cadence; orphaned slots (none, unless a writer bypassed the
         # triggers) are looked for on the rescue step's.
         Step("limits", poll_interval, admit_step, wakes_workers=True),
-        Step("orphaned slots", float(settings.RESCUE_INTERVAL_SECONDS), orphaned_slots_step),
+        Step("orphaned slots", float(settings.RESCUE_INTERVAL_SECONDS), OrphanedSlotsStep()),
         # Workflows: a pending job whose deadline passes ends dead on the rescue step's cadence.
         Step("expire pending", float(settings.RESCUE_INTERVAL_SECONDS), expire_pending_step),
         _rate_step(poll_interval),

@@ -829,22 +829,36 @@ DUE_LATER_STATUSES = (JobStatus.SCHEDULED, JobStatus.RETRYING)
 # (docs/limits.md). These catch the two things a trigger cannot see.
 
 
+# How many held slots one look for orphans reads (about 8 ms at 5,000 here): a worker's step
+# looks through every held slot in as many runs as there are windows of this size.
+ORPHAN_SCAN = 5000
+
+
 def free_orphaned_slots(
-    limit: int, *, using: str = DEFAULT_DB_ALIAS
-) -> list[tuple[str, int, int]]:
-    """Free up to ``limit`` slots whose holder no longer holds them; (key, slot, job id) of each.
+    limit: int, *, after: int = 0, scan: int = ORPHAN_SCAN, using: str = DEFAULT_DB_ALIAS
+) -> tuple[list[tuple[str, int, int]], int]:
+    """Free up to ``limit`` slots whose holder no longer holds them, among the next ``scan``
+    held slots after slot row ``after``; (key, slot, job id) of each, and the id to look after
+    next (0 once the look reached the last held slot: the next one starts over).
 
     A slot is freed by the statement that ends its holder's run: this finds only a holder
     deleted while it held one, or changed by a writer that bypassed the triggers.
     """
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql.query("orphaned_slots"), {"batch": limit})
-        found = cursor.fetchall()
+        cursor.execute(sql.query("orphaned_slots"),
+                       {"after": after, "scan": scan, "batch": limit})
+        rows = cursor.fetchall()
+        last, full = rows[0][:2]
+        resume = last if full else 0
+        found = [(key, n, job_id) for _, _, key, n, job_id in rows if key is not None]
         if not found:
-            return []
+            return [], resume
         cursor.execute(sql.query("free_orphaned_slots"), {"slots": json.dumps(
             [{"key": key, "n": n, "job_id": job_id} for key, n, job_id in found])})
-        return [(key, n, job_id) for key, n, job_id in cursor.fetchall()]
+        freed = [(key, n, job_id) for key, n, job_id in cursor.fetchall()]
+    # Stopped at ``limit`` with the window not looked through: the next look takes it again
+    # (without the slots freed here).
+    return freed, after if len(found) >= limit else resume
 
 
 def admit_waiting_keys(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> int:

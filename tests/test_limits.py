@@ -249,8 +249,8 @@ def test_a_transaction_the_caller_manages_goes_on_after_the_claim_too() -> None:
 def unheld_slots() -> list[Any]:
     """Held slots whose job does not say it holds them (what the orphaned-slots step frees)."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.query("orphaned_slots"), {"batch": 100})
-        return cursor.fetchall()
+        cursor.execute(sql.query("orphaned_slots"), {"after": 0, "scan": 1_000_000, "batch": 100})
+        return [row[2:] for row in cursor.fetchall() if row[2] is not None]
 
 
 @pytest.mark.parametrize("batch", [5, 1])
@@ -494,7 +494,7 @@ def test_a_slot_freed_before_its_waiting_job_committed_is_given_by_the_next_step
 
 
 def test_a_slot_whose_holder_is_gone_is_freed_and_logged(caplog) -> None:
-    from django_pgjobs.maintenance import orphaned_slots_step
+    from django_pgjobs.maintenance import OrphanedSlotsStep
 
     gone = enqueue_for("acme", 1)[0]
     enqueue_for("acme", 1)
@@ -502,12 +502,40 @@ def test_a_slot_whose_holder_is_gone_is_freed_and_logged(caplog) -> None:
     Job.objects.filter(pk=gone.pk).delete()  # a delete frees nothing: no trigger sees it
     assert held("tests.limited:acme")[0] == gone.pk
     with caplog.at_level("ERROR", logger="django_pgjobs.maintenance"):
-        assert orphaned_slots_step() == 1
+        assert OrphanedSlotsStep()() == 1
     assert f"limit.orphaned_slot key=tests.limited:acme slot=0 job={gone.pk}" in caplog.text
     assert held("tests.limited:acme")[0] is None and statuses(waiting) == ["throttled"]
     assert admit_waiting_keys(100) == 1
     assert statuses(waiting) == ["ready"]
-    assert free_orphaned_slots(100) == []
+    assert free_orphaned_slots(100) == ([], 0)
+
+
+def test_the_look_for_orphaned_slots_reads_a_window_at_a_time_and_starts_over() -> None:
+    from django_pgjobs.maintenance import OrphanedSlotsStep
+
+    # Five held slots, in the order of their rows: acme's two, globex's two, initech's one.
+    holders = enqueue_for("acme", 2) + enqueue_for("globex", 2) + enqueue_for("initech", 1)
+    slot_row = dict(KeySlot.objects.filter(job_id__isnull=False).values_list("job_id", "pk"))
+    Job.objects.filter(pk=holders[4].pk).delete()
+    # Two held slots a look: the first two windows are full, find nothing, say where they
+    # stopped; the third reaches the last held slot, frees the orphan there, and starts over.
+    assert free_orphaned_slots(100, scan=2) == ([], slot_row[holders[1].pk])
+    assert free_orphaned_slots(100, after=slot_row[holders[1].pk], scan=2) == (
+        [], slot_row[holders[3].pk])
+    assert free_orphaned_slots(100, after=slot_row[holders[3].pk], scan=2) == (
+        [("tests.limited:initech", 0, holders[4].pk)], 0)
+    # A look stopped at its limit takes the same window again.
+    Job.objects.filter(pk__in=[holders[0].pk, holders[1].pk]).delete()
+    assert free_orphaned_slots(1, scan=2) == ([("tests.limited:acme", 0, holders[0].pk)], 0)
+    assert free_orphaned_slots(1, scan=2) == ([("tests.limited:acme", 1, holders[1].pk)], 0)
+    assert unheld_slots() == []
+    # The step keeps its place from run to run: globex's first, then its second.
+    Job.objects.filter(pk=holders[3].pk).delete()
+    step = OrphanedSlotsStep(scan=1)
+    assert (step(), step.after) == (0, slot_row[holders[2].pk])
+    assert (step(), step.after) == (1, slot_row[holders[3].pk])
+    assert (step(), step.after) == (0, 0)
+    assert unheld_slots() == []
 
 
 def test_an_operator_limit_raises_and_lowers_a_keys_limit_and_is_audited() -> None:
