@@ -30,6 +30,7 @@ from .transitions import (
     delete_finished_jobs,
     expire_pending_jobs,
     free_orphaned_slots,
+    orphaned_slots_start,
     promote_due_jobs,
     raise_waiting_priorities,
     ready_queues,
@@ -138,15 +139,19 @@ class RateStep:
 class OrphanedSlotsStep:
     """Free slots whose holder is gone; each is logged, as it should not happen.
 
-    Each run looks through the next ``scan`` held slots, so a run's work is bounded however
-    many slots are held, and starts over after the last one.
+    Each run looks through the next ``scan`` slot rows by id, so a run's work is bounded
+    however many slots there are, and starts over after the last. The first run starts at
+    ``start``, or at a slot row at random: workers started together, or restarted before their
+    look went round, read different windows.
     """
 
-    def __init__(self, scan: int = ORPHAN_SCAN) -> None:
+    def __init__(self, scan: int = ORPHAN_SCAN, start: int | None = None) -> None:
         self.scan = scan
-        self.after = 0
+        self.after = start
 
     def __call__(self, using: str = DEFAULT_DB_ALIAS) -> int:
+        if self.after is None:
+            self.after = orphaned_slots_start(using=using)
         freed, self.after = free_orphaned_slots(settings.RESCUE_BATCH, after=self.after,
                                                 scan=self.scan, using=using)
         for key, n, job_id in freed:

@@ -829,17 +829,18 @@ DUE_LATER_STATUSES = (JobStatus.SCHEDULED, JobStatus.RETRYING)
 # (docs/limits.md). These catch the two things a trigger cannot see.
 
 
-# How many held slots one look for orphans reads (about 8 ms at 5,000 here): a worker's step
-# looks through every held slot in as many runs as there are windows of this size.
+# How many slot rows (held or free) one look for orphans reads, by id: about 8 ms at 5,000 held
+# here. A worker's step looks through every slot row in as many runs as there are windows.
 ORPHAN_SCAN = 5000
 
 
 def free_orphaned_slots(
     limit: int, *, after: int = 0, scan: int = ORPHAN_SCAN, using: str = DEFAULT_DB_ALIAS
 ) -> tuple[list[tuple[str, int, int]], int]:
-    """Free up to ``limit`` slots whose holder no longer holds them, among the next ``scan``
-    held slots after slot row ``after``; (key, slot, job id) of each, and the id to look after
-    next (0 once the look reached the last held slot: the next one starts over).
+    """Free up to ``limit`` slots whose holder no longer holds them, among the slot rows with
+    ids after ``after`` up to ``after + scan``; (key, slot, job id) of each, and the id to look
+    after next (once the look reached the last slot row, the one before the first: the next
+    look starts over).
 
     A slot is freed by the statement that ends its holder's run: this finds only a holder
     deleted while it held one, or changed by a writer that bypassed the triggers.
@@ -848,8 +849,8 @@ def free_orphaned_slots(
         cursor.execute(sql.query("orphaned_slots"),
                        {"after": after, "scan": scan, "batch": limit})
         rows = cursor.fetchall()
-        last, full = rows[0][:2]
-        resume = last if full else 0
+        first, last = rows[0][:2]
+        resume = after + scan if last is not None and after + scan < last else first or 0
         found = [(key, n, job_id) for _, _, key, n, job_id in rows if key is not None]
         if not found:
             return [], resume
@@ -859,6 +860,13 @@ def free_orphaned_slots(
     # Stopped at ``limit`` with the window not looked through: the next look takes it again
     # (without the slots freed here).
     return freed, after if len(found) >= limit else resume
+
+
+def orphaned_slots_start(*, using: str = DEFAULT_DB_ALIAS) -> int:
+    """A slot row id at random, where a worker's first look for orphaned slots starts."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.query("orphaned_slots_start"))
+        return int(cursor.fetchone()[0])
 
 
 def admit_waiting_keys(limit: int, *, using: str = DEFAULT_DB_ALIAS) -> int:

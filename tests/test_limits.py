@@ -29,6 +29,7 @@ from django_pgjobs.transitions import (
     claim_jobs,
     dead_letter_jobs,
     free_orphaned_slots,
+    orphaned_slots_start,
     promote_jobs_due_by,
     rescue_expired_leases,
     retry_jobs,
@@ -249,7 +250,7 @@ def test_a_transaction_the_caller_manages_goes_on_after_the_claim_too() -> None:
 def unheld_slots() -> list[Any]:
     """Held slots whose job does not say it holds them (what the orphaned-slots step frees)."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.query("orphaned_slots"), {"after": 0, "scan": 1_000_000, "batch": 100})
+        cursor.execute(sql.query("orphaned_slots"), {"after": 0, "scan": 10**12, "batch": 100})
         return [row[2:] for row in cursor.fetchall() if row[2] is not None]
 
 
@@ -502,39 +503,64 @@ def test_a_slot_whose_holder_is_gone_is_freed_and_logged(caplog) -> None:
     Job.objects.filter(pk=gone.pk).delete()  # a delete frees nothing: no trigger sees it
     assert held("tests.limited:acme")[0] == gone.pk
     with caplog.at_level("ERROR", logger="django_pgjobs.maintenance"):
-        assert OrphanedSlotsStep()() == 1
+        assert OrphanedSlotsStep(start=KeySlot.objects.order_by("pk")[0].pk - 1)() == 1
     assert f"limit.orphaned_slot key=tests.limited:acme slot=0 job={gone.pk}" in caplog.text
     assert held("tests.limited:acme")[0] is None and statuses(waiting) == ["throttled"]
     assert admit_waiting_keys(100) == 1
     assert statuses(waiting) == ["ready"]
-    assert free_orphaned_slots(100) == ([], 0)
+    assert unheld_slots() == []
 
 
 def test_the_look_for_orphaned_slots_reads_a_window_at_a_time_and_starts_over() -> None:
     from django_pgjobs.maintenance import OrphanedSlotsStep
 
-    # Five held slots, in the order of their rows: acme's two, globex's two, initech's one.
+    # Six slot rows, two a key, in this order: acme's two held, globex's two held, initech's
+    # first held and its second free.
     holders = enqueue_for("acme", 2) + enqueue_for("globex", 2) + enqueue_for("initech", 1)
-    slot_row = dict(KeySlot.objects.filter(job_id__isnull=False).values_list("job_id", "pk"))
+    rows = list(KeySlot.objects.order_by("pk").values_list("pk", "job_id"))
+    before = rows[0][0] - 1
+    assert rows == [(before + i + 1, job) for i, job in
+                    enumerate([h.pk for h in holders] + [None])]
     Job.objects.filter(pk=holders[4].pk).delete()
-    # Two held slots a look: the first two windows are full, find nothing, say where they
-    # stopped; the third reaches the last held slot, frees the orphan there, and starts over.
-    assert free_orphaned_slots(100, scan=2) == ([], slot_row[holders[1].pk])
-    assert free_orphaned_slots(100, after=slot_row[holders[1].pk], scan=2) == (
-        [], slot_row[holders[3].pk])
-    assert free_orphaned_slots(100, after=slot_row[holders[3].pk], scan=2) == (
-        [("tests.limited:initech", 0, holders[4].pk)], 0)
+    # Windows of two slot rows: acme's and globex's find nothing and say where the next starts;
+    # initech's reaches the last slot row, frees the orphan there, and starts over.
+    assert free_orphaned_slots(100, after=before, scan=2) == ([], before + 2)
+    assert free_orphaned_slots(100, after=before + 2, scan=2) == ([], before + 4)
+    assert free_orphaned_slots(100, after=before + 4, scan=2) == (
+        [("tests.limited:initech", 0, holders[4].pk)], before)
     # A look stopped at its limit takes the same window again.
     Job.objects.filter(pk__in=[holders[0].pk, holders[1].pk]).delete()
-    assert free_orphaned_slots(1, scan=2) == ([("tests.limited:acme", 0, holders[0].pk)], 0)
-    assert free_orphaned_slots(1, scan=2) == ([("tests.limited:acme", 1, holders[1].pk)], 0)
+    assert free_orphaned_slots(1, after=before, scan=2) == (
+        [("tests.limited:acme", 0, holders[0].pk)], before)
+    assert free_orphaned_slots(1, after=before, scan=2) == (
+        [("tests.limited:acme", 1, holders[1].pk)], before)
+    assert free_orphaned_slots(1, after=before, scan=2) == ([], before + 2)
     assert unheld_slots() == []
-    # The step keeps its place from run to run: globex's first, then its second.
+    # The step keeps its place from run to run: acme's window, globex's, initech's.
     Job.objects.filter(pk=holders[3].pk).delete()
-    step = OrphanedSlotsStep(scan=1)
-    assert (step(), step.after) == (0, slot_row[holders[2].pk])
-    assert (step(), step.after) == (1, slot_row[holders[3].pk])
-    assert (step(), step.after) == (0, 0)
+    step = OrphanedSlotsStep(scan=2, start=before)
+    assert (step(), step.after) == (0, before + 2)
+    assert (step(), step.after) == (1, before + 4)
+    assert (step(), step.after) == (0, before)
+    assert unheld_slots() == []
+
+
+def test_a_workers_first_look_for_orphaned_slots_starts_at_a_slot_row_at_random() -> None:
+    from django_pgjobs.maintenance import OrphanedSlotsStep
+
+    assert orphaned_slots_start() == 0  # no slot rows
+    django_pgjobs.enqueue_many([JobSpec.of("tests.limited", {"customer": f"c{i}"})
+                                for i in range(200)])
+    first, last = (KeySlot.objects.order_by(order).values_list("pk", flat=True)[0]
+                   for order in ("pk", "-pk"))
+    starts = {orphaned_slots_start() for _ in range(20)}
+    assert all(first - 1 <= start < last for start in starts)
+    assert len(starts) > 1
+    gone = enqueue_for("acme", 1)[0]
+    Job.objects.filter(pk=gone.pk).delete()
+    # Wherever it starts, the step goes round every slot row: 402 of them, five windows.
+    step = OrphanedSlotsStep(scan=100)
+    assert sum(step() for _ in range(6)) == 1
     assert unheld_slots() == []
 
 

@@ -5,32 +5,35 @@
 -- name: orphaned_slots
 -- Held slots whose holder does not hold them as this statement sees it: gone (deleted), or
 -- changed by a writer the triggers did not see. A holder is ready or running, or under a rate
--- throttled until its time. One window a run: the next `scan` held slots after slot row `after`,
--- in the order of their ids, so that a run's work is bounded however many slots are held (a
--- holder is checked by its primary key, about a microsecond each; 100,000 held slots read whole
--- took 134 ms every run). Answers the window's last id and whether the window was full (if
--- not, it reached the last held slot, and the next window starts over), and beside them each
--- orphan found in the window, locked, skipping any another transaction holds (it may be taking
--- or freeing it); free_orphaned_slots reads them again after the lock.
-WITH scanned AS (
-    SELECT max(w.id) AS last, count(*) = %(scan)s AS full
-    FROM (SELECT s.id FROM pgjobs_key_slot AS s
-          WHERE s.id > %(after)s AND s.job_id IS NOT NULL
-          ORDER BY s.id
-          LIMIT %(scan)s) AS w
+-- throttled until its time. One window of slot rows a run, held or free: ids after `after` up
+-- to `after + scan`, read by the primary key, so that a run's work is bounded however many
+-- slots there are (a holder is checked by its primary key, about a microsecond each; every held
+-- slot read at every run took 134 ms at 100,000 held). Answers where a look that starts over
+-- starts (before the first slot row) and the last slot row's id (both NULL when there is none;
+-- the next window starts over when this one reached the last), and beside them each orphan
+-- found in the window, locked, skipping any another transaction holds (it may be taking or
+-- freeing it); free_orphaned_slots reads them again after the lock.
+WITH slots AS (
+    SELECT min(s.id) - 1 AS first, max(s.id) AS last FROM pgjobs_key_slot AS s
 )
-SELECT scanned.last, scanned.full, o.key, o.n, o.job_id
-FROM scanned
+SELECT slots.first, slots.last, o.key, o.n, o.job_id
+FROM slots
 LEFT JOIN LATERAL (
     SELECT s.key, s.n, s.job_id
     FROM pgjobs_key_slot AS s
-    WHERE s.id > %(after)s AND s.id <= scanned.last AND s.job_id IS NOT NULL
+    WHERE s.id > %(after)s AND s.id <= %(after)s + %(scan)s AND s.job_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM pgjobs_job AS j
                       WHERE j.id = s.job_id AND j.limit_key = s.key AND j.limit_slot = s.n
                         AND j.status IN ('ready', 'running', 'throttled'))
     LIMIT %(batch)s
     FOR UPDATE OF s SKIP LOCKED
 ) AS o ON true
+
+-- name: orphaned_slots_start
+-- Where a worker's first look for orphaned slots starts: a slot row id at random, so that
+-- workers started together, or restarted before one look went round, read different windows.
+SELECT COALESCE(min(s.id) - 1 + floor(random() * (max(s.id) - min(s.id) + 1))::bigint, 0)
+FROM pgjobs_key_slot AS s
 
 -- name: free_orphaned_slots
 -- Free the slots orphaned_slots locked whose holder still does not hold them. This statement's
