@@ -285,7 +285,15 @@ def test_an_update_of_thousands_of_slot_holders_hands_each_slot_on() -> None:
     assert len(holders) == 2 * keys
     # One statement ends the runs of half of them: more than the noted list holds at once.
     first = [pk for pk in holders if Job.objects.filter(pk=pk, limit_slot=0).exists()]
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL track_functions = 'all'")
     assert cancel_jobs(first, actor=Actor("op")) == (keys, 0)
+    # In batches of one or two hundred (1,024 characters of ids): the hand-over's cost grows
+    # with the square of its batch.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT calls FROM pg_stat_xact_user_functions "
+                       "WHERE funcname = 'pgjobs_limit_hand_over_many'")
+        assert cursor.fetchone()[0] >= keys // 400
     assert Job.objects.filter(status="throttled").count() == 0
     assert Job.objects.filter(status="ready").count() == 2 * keys
     assert unheld_slots() == []

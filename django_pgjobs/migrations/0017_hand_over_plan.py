@@ -1,10 +1,17 @@
+from importlib import import_module
+
 from django.db import migrations
 
-# The hand-over's slot rows are found by their key's index, one probe per freed slot, never by
-# reading the slot table whole. Planned generically for ten rows, the UPDATE of the slots joined
-# them by hashing every row of pgjobs_key_slot: 2,000 rows of 1,000 keys cost 250 us of a 400 us
-# hand-over (docs/limits.md, "What it costs"). A hand-over writes at most a few thousand slots,
-# for which probing is never the slower.
+# Two costs of the statement-level hand-over of migration 0016 (docs/limits.md, "What it costs").
+#
+# - Its slot rows are found by their key's index, one probe per freed slot, never by reading the
+#   slot table whole. Planned generically for ten rows, the UPDATE of the slots joined them by
+#   hashing every row of pgjobs_key_slot: 2,000 rows of 1,000 keys cost 250 us of a 400 us
+#   hand-over.
+# - An UPDATE that ends the runs of thousands of slot holders (an operator's bulk cancel) hands
+#   their slots on in batches of one or two hundred, not of thousands. The plan pairs each freed
+#   slot with its key's next job by reading all of the batch's waiting jobs, a cost that grows
+#   with the square of the batch: 2,300 slots took 0.96 s, and cancelling 20,000 holders 6.9 s.
 PLAN = """
 ALTER FUNCTION pgjobs_limit_hand_over_many(bigint[])
     SET enable_hashjoin = off SET enable_mergejoin = off;
@@ -16,6 +23,21 @@ ALTER FUNCTION pgjobs_limit_hand_over_many(bigint[]) RESET enable_mergejoin;
 """
 
 
+def _release(batch_text: int, batches: str) -> str:
+    """Migration 0016's pgjobs_limit_release, flushing its noted releases at ``batch_text``
+    characters of ids (``batches`` says how many ids that is)."""
+    hand_over = import_module("django_pgjobs.migrations.0016_claim_hand_over").HAND_OVER
+    start = hand_over.index("CREATE OR REPLACE FUNCTION pgjobs_limit_release(")
+    end = hand_over.index("$$;", hand_over.index("AS $$", start)) + 3
+    function = hand_over[start:end]
+    for was, now in (("length(released) < 16384", f"length(released) < {batch_text}"),
+                     ("in batches of a few thousand", f"in batches of {batches}")):
+        if was not in function:
+            raise ValueError(f"migration 0016's pgjobs_limit_release has no {was!r}")
+        function = function.replace(was, now)
+    return function
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -24,4 +46,6 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(PLAN, UNDO_PLAN),
+        migrations.RunSQL(_release(1024, "one or two hundred"),
+                          _release(16384, "a few thousand")),
     ]
