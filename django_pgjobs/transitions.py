@@ -847,7 +847,7 @@ def free_orphaned_slots(
     """
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(sql.query("orphaned_slots"),
-                       {"after": after, "scan": scan, "batch": limit})
+                       {"after": after, "until": after + scan, "batch": limit})
         rows = cursor.fetchall()
         first, last = rows[0][:2]
         resume = after + scan if last is not None and after + scan < last else first or 0

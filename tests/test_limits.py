@@ -250,7 +250,7 @@ def test_a_transaction_the_caller_manages_goes_on_after_the_claim_too() -> None:
 def unheld_slots() -> list[Any]:
     """Held slots whose job does not say it holds them (what the orphaned-slots step frees)."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.query("orphaned_slots"), {"after": 0, "scan": 10**12, "batch": 100})
+        cursor.execute(sql.query("orphaned_slots"), {"after": 0, "until": 10**12, "batch": 100})
         return [row[2:] for row in cursor.fetchall() if row[2] is not None]
 
 
@@ -288,8 +288,8 @@ def test_an_update_of_thousands_of_slot_holders_hands_each_slot_on() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL track_functions = 'all'")
     assert cancel_jobs(first, actor=Actor("op")) == (keys, 0)
-    # In batches of one or two hundred (1,024 characters of ids): the hand-over's cost grows
-    # with the square of its batch.
+    # In batches of 1,024 characters of ids (one or two hundred jobs): the hand-over's cost
+    # grows with the square of its batch.
     with connection.cursor() as cursor:
         cursor.execute("SELECT calls FROM pg_stat_xact_user_functions "
                        "WHERE funcname = 'pgjobs_limit_hand_over_many'")
@@ -557,19 +557,34 @@ def test_a_workers_first_look_for_orphaned_slots_starts_at_a_slot_row_at_random(
     from django_pgjobs.maintenance import OrphanedSlotsStep
 
     assert orphaned_slots_start() == 0  # no slot rows
-    django_pgjobs.enqueue_many([JobSpec.of("tests.limited", {"customer": f"c{i}"})
-                                for i in range(200)])
+    jobs = django_pgjobs.enqueue_many([JobSpec.of("tests.limited", {"customer": f"c{i}"})
+                                       for i in range(200)])
     first, last = (KeySlot.objects.order_by(order).values_list("pk", flat=True)[0]
                    for order in ("pk", "-pk"))
     starts = {orphaned_slots_start() for _ in range(20)}
     assert all(first - 1 <= start < last for start in starts)
     assert len(starts) > 1
-    gone = enqueue_for("acme", 1)[0]
-    Job.objects.filter(pk=gone.pk).delete()
-    # Wherever it starts, the step goes round every slot row: 402 of them, five windows.
+    # The holder of the first slot row is gone: a look that starts past it finds it only once
+    # it has gone round. Wherever it starts, the step reads every slot row: 400, five windows.
+    assert KeySlot.objects.get(pk=first).job_id == jobs[0].pk
+    Job.objects.filter(pk=jobs[0].pk).delete()
     step = OrphanedSlotsStep(scan=100)
     assert sum(step() for _ in range(6)) == 1
     assert unheld_slots() == []
+
+
+def test_the_look_for_orphaned_slots_takes_any_window_under_server_side_binding() -> None:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    enqueue_for("acme", 1)
+    connection.ensure_connection()
+    raw = connection.connection
+    factory, raw.cursor_factory = raw.cursor_factory, ServerBindingCursor
+    try:
+        # Each number a smallint by itself: their sum is not.
+        assert free_orphaned_slots(100, after=30_000, scan=5_000)[0] == []
+    finally:
+        raw.cursor_factory = factory
 
 
 def test_an_operator_limit_raises_and_lowers_a_keys_limit_and_is_audited() -> None:

@@ -250,7 +250,7 @@ STATS_QUERIES: dict[str, list[Any] | dict[str, Any]] = {
     "stats_limit_keys": {"limit": 20},
     "stats_error_groups": {"window": 86400, "limit": 20},
     # The limits' and rates' maintenance, which every worker runs on its cadence.
-    "orphaned_slots": {"after": 0, "scan": 5000, "batch": 1000},
+    "orphaned_slots": {"after": 0, "until": 5000, "batch": 1000},
     "admit_waiting_keys": {"batch": 1000},
     "start_rate_heads": {"batch": 1000},
 }

@@ -6,7 +6,8 @@
 -- Held slots whose holder does not hold them as this statement sees it: gone (deleted), or
 -- changed by a writer the triggers did not see. A holder is ready or running, or under a rate
 -- throttled until its time. One window of slot rows a run, held or free: ids after `after` up
--- to `after + scan`, read by the primary key, so that a run's work is bounded however many
+-- to `until` (the caller adds the window's size: a sum here would take the type psycopg gives
+-- each number under server-side binding, smallint for 30,000), read by the primary key, so that a run's work is bounded however many
 -- slots there are (a holder is checked by its primary key, about a microsecond each; every held
 -- slot read at every run took 134 ms at 100,000 held). Answers where a look that starts over
 -- starts (before the first slot row) and the last slot row's id (both NULL when there is none;
@@ -21,7 +22,7 @@ FROM slots
 LEFT JOIN LATERAL (
     SELECT s.key, s.n, s.job_id
     FROM pgjobs_key_slot AS s
-    WHERE s.id > %(after)s AND s.id <= %(after)s + %(scan)s AND s.job_id IS NOT NULL
+    WHERE s.id > %(after)s AND s.id <= %(until)s AND s.job_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM pgjobs_job AS j
                       WHERE j.id = s.job_id AND j.limit_key = s.key AND j.limit_slot = s.n
                         AND j.status IN ('ready', 'running', 'throttled'))
