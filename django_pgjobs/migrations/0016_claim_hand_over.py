@@ -2,6 +2,21 @@ from importlib import import_module
 
 from django.db import migrations
 
+
+def _function_before(name: str) -> str:
+    """Function ``name`` as migration 0011 wrote it, to put back."""
+    limits = import_module("django_pgjobs.migrations.0011_limits").LIMITS
+    start = limits.index(f"CREATE FUNCTION {name}(")
+    end = limits.index("$$;", limits.index("AS $$", start) + 5) + 3
+    return "CREATE OR REPLACE" + limits[start:end].removeprefix("CREATE")
+
+
+def _body_before(name: str) -> str:
+    """The body of function ``name`` as migration 0011 wrote it, between its ``$$``."""
+    function = _function_before(name)
+    return function[function.index("AS $$") + 5:function.rindex("$$;")]
+
+
 # The end of a run hands its limit key's slot on once per statement, not once per job, and a
 # worker's settlement hands it straight to the claim sent with it (docs/limits.md, "Handing a
 # slot on"). Each statement a trigger runs pays for opening pgjobs_job's checks, indexes and
@@ -16,6 +31,8 @@ from django.db import migrations
 #   throttled, holding it, for the claim statement sent next, which starts it with the jobs it
 #   takes (and takes that many fewer); it is written once, from throttled to running, instead
 #   of being made ready for the claim to write it again.
+# pgjobs_limit_room_of's body ($$ROOM_RULE$$ below) is migration 0011's room rule, the body of
+# its pgjobs_limit_room: the rule is written once.
 HAND_OVER = """
 -- How many jobs a claim of `batch` may still take in this transaction: the batch the settlement
 -- was told of (pgjobs_claim_to), else `batch`, less the jobs the settlement handed the claim.
@@ -57,13 +74,7 @@ $$;
 -- handing over asks this: one key at a time (pgjobs_limit_room), or each key of a statement's
 -- hand-over, into whose query the planner writes this set-returning LANGUAGE sql function.
 CREATE FUNCTION pgjobs_limit_room_of(k text, cap integer) RETURNS TABLE (room integer)
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM pgjobs_key_slot AS o
-                             WHERE o.key = k AND o.n >= c.cap AND o.job_id IS NOT NULL)
-                THEN 0 ELSE c.cap END
-    FROM (SELECT COALESCE((SELECT l.max_running FROM pgjobs_key_limit AS l WHERE l.key = k),
-                          cap) AS cap) AS c
-$$;
+LANGUAGE sql STABLE AS $$ROOM_RULE$$;
 
 -- Migration 0011's function, asking the one above; in PL/pgSQL its plan is kept.
 CREATE OR REPLACE FUNCTION pgjobs_limit_room(k text, cap integer) RETURNS integer
@@ -228,15 +239,7 @@ $$;
 CREATE TRIGGER pgjobs_limit_hand_over_released AFTER UPDATE OF status ON pgjobs_job
     FOR EACH STATEMENT
     EXECUTE FUNCTION pgjobs_limit_hand_over_released();
-"""
-
-
-def _function_before(name: str) -> str:
-    """Function ``name`` as migration 0011 wrote it, to put back."""
-    limits = import_module("django_pgjobs.migrations.0011_limits").LIMITS
-    start = limits.index(f"CREATE FUNCTION {name}(")
-    end = limits.index("$$;", limits.index("AS $$", start) + 5) + 3
-    return "CREATE OR REPLACE" + limits[start:end].removeprefix("CREATE")
+""".replace("$$ROOM_RULE$$", "$$" + _body_before("pgjobs_limit_room") + "$$")
 
 
 UNDO_HAND_OVER = (_function_before("pgjobs_limit_release") + "\n"
