@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import django_pgjobs
+from django_pgjobs import JobSpec
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.retry import decide
@@ -279,6 +280,39 @@ def test_heartbeat_extends_only_the_current_lease_and_reports_cancel_requests() 
     assert extended > timezone.now() + timedelta(seconds=50)
     assert cancel_jobs([c.id]) == (0, 1)
     assert extend_leases([(c.id, c.lease_token)]) == {c.id: True}
+
+
+def job_table_reads() -> tuple[int, int]:
+    """Sequential scans of the job table, and scans of its lease index, in this transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_get_xact_numscans('pgjobs_job'::regclass), "
+                       "pg_stat_get_xact_numscans('pgjobs_job_lease_idx'::regclass)")
+        seq, lease_index = cursor.fetchone()
+        return int(seq), int(lease_index)
+
+
+def test_a_settlement_and_a_heartbeat_find_their_jobs_by_id_not_among_every_running_job() -> None:
+    # 500 running jobs among 5,000. Read through the lease index and hashed, as a planner may
+    # choose for a statement that also says "running", or read whole for a join it guesses
+    # a hundred reports for, every settlement would read all of them, and every attempt
+    # since a snapshot still held open (their entries and row versions stay).
+    django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {}) for _ in range(5000)])
+    claimed = claim_jobs("w1", "default", 500)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgjobs_job")
+        cursor.execute("DISCARD PLANS")
+    before = job_table_reads()
+    assert extend_leases([(c.id, c.lease_token) for c in claimed[:10]]) == {
+        c.id: False for c in claimed[:10]}
+    assert settle([succeeded(c) for c in claimed[:10]]) == {
+        c.lease_token: True for c in claimed[:10]}
+    assert job_table_reads() == before
+    # The token still fences both: a finished job's, and a token that is not the job's.
+    assert settle([succeeded(claimed[0])]) == {claimed[0].lease_token: False}
+    stranger = replace(claimed[10], lease_token=uuid.uuid4())
+    assert extend_leases([(stranger.id, stranger.lease_token)]) == {}
+    assert settle([succeeded(stranger)]) == {stranger.lease_token: False}
+    assert Job.objects.get(pk=stranger.id).status == JobStatus.RUNNING
 
 
 def test_rescue_retries_an_expired_lease_with_backoff_and_records_the_attempt() -> None:
