@@ -3,9 +3,9 @@
 ``python -m bench.soak [--minutes 3] [--rate 500]``: worker processes drain a steady stream of
 no-op jobs while the workers' own prune step deletes finished jobs past a short retention. Every
 sample prints dead tuples, table and index sizes, the ready backlog and the claim latency (a
-probe claims batches of 10 from its own queue). A summary then compares the last third of the
-steady state with its first third: the figures should stay flat, not grow with the history
-that went by.
+probe claims batches of 10 from the workers' queue beside them, as a worker does, floors
+included). A summary then compares the last third of the steady state with its first third:
+the figures should stay flat, not grow with the history that went by.
 """
 
 from __future__ import annotations
@@ -107,32 +107,59 @@ class SnapshotHolder(threading.Thread):
             self.held = (started, time.monotonic())
 
 
-def probe_claims(batches: int = 10, batch: int = 10) -> list[float]:
-    """Claim ``batches`` batches from the probe queue and settle them; ms per claim."""
-    from django.db import transaction
+class QueueProbe(threading.Thread):
+    """Claim batches of 10 from the workers' queue beside them, every ``interval`` seconds, as
+    a worker does (floors included, while the horizon is held: ``worker.floors``), settle what
+    it took, and time each claim; ``taken()`` hands over the timings since it was last asked."""
 
-    from django_pgjobs import JobSpec, enqueue_many
-    from django_pgjobs.outcomes import Outcome
-    from django_pgjobs.transitions import claim_jobs, settle
+    def __init__(self, interval: float = 0.05, batch: int = 10) -> None:
+        super().__init__(daemon=True)
+        self.interval, self.batch = interval, batch
+        self.stopping = threading.Event()
+        self._timings: list[float] = []
+        self._lock = threading.Lock()
+        self.from_floors = 0
 
-    with transaction.atomic():
-        enqueue_many([JobSpec.of("bench.noop", {"n": i}, queue="probe")
-                      for i in range(batches * batch)])
-    worker = f"soak-probe-{uuid.uuid4().hex[:6]}"
-    timings = []
-    for _ in range(batches):
-        start = time.perf_counter()
-        jobs = claim_jobs(worker, "probe", batch)
-        timings.append((time.perf_counter() - start) * 1000)
-        settle([Outcome.succeeded(j, "null", 0)
-                for j in jobs])
-    return timings
+    def run(self) -> None:
+        from django.db import connections
+
+        from django_pgjobs.outcomes import Outcome
+        from django_pgjobs.transitions import claim_jobs, settle
+        from django_pgjobs.worker.floors import ClaimFloors, HorizonWatch
+
+        floors = ClaimFloors()
+        watch = HorizonWatch(floors)
+        worker = f"soak-probe-{uuid.uuid4().hex[:6]}"
+        watched = 0.0
+        try:
+            while not self.stopping.wait(self.interval):
+                if time.monotonic() - watched >= 5.0:  # a worker's rescue cadence
+                    watch()
+                    watched = time.monotonic()
+                start_from = floors.start("default")
+                start = time.perf_counter()
+                jobs = claim_jobs(worker, "default", self.batch, floors=start_from)
+                took = (time.perf_counter() - start) * 1000
+                floors.claimed("default", jobs)
+                with self._lock:
+                    self._timings.append(took)
+                    self.from_floors += start_from is not None
+                if jobs:
+                    settle([Outcome.succeeded(j, "null", 0) for j in jobs])
+        finally:
+            connections.close_all()
+
+    def taken(self) -> list[float]:
+        with self._lock:
+            timings, self._timings = self._timings, []
+        return timings
 
 
-def sample(elapsed: float, producer: Producer, vacuums: int) -> dict[str, Any]:
+def sample(elapsed: float, producer: Producer, vacuums: int, probe: QueueProbe
+           ) -> dict[str, Any]:
     from django.db import connection
 
-    claims = probe_claims()
+    claims = probe.taken() or [float("nan")]
     with connection.cursor() as cursor:
         cursor.execute(_stats_sql(), [list(TABLES)])
         tables = {row[0]: row[1:] for row in cursor.fetchall()}
@@ -218,6 +245,9 @@ def main() -> None:
     parser.add_argument("--hold-snapshot", type=float, default=0.0, metavar="SECONDS",
                         help="hold a REPEATABLE READ snapshot open this long, from the start "
                              "of the steady state (0: none)")
+    parser.add_argument("--no-floors", action="store_true",
+                        help="claims never start from floors, even while the snapshot is held "
+                             "(PGJOBS_CLAIM_FLOORS_AFTER_SECONDS = 0), to compare")
     parser.add_argument("--output", type=Path,
                         default=harness.ROOT / "bench" / "results" / "soak.json")
     args = parser.parse_args()
@@ -229,6 +259,7 @@ def main() -> None:
         "PGJOBS_RETENTION_SECONDS": dict.fromkeys(("succeeded", "cancelled", "dead"),
                                                   args.retention_seconds),
         "PGJOBS_PRUNE_INTERVAL_SECONDS": args.prune_interval,
+        "PGJOBS_CLAIM_FLOORS_AFTER_SECONDS": 0 if args.no_floors else 30.0,
     }
     env = harness.child_env(DATABASE, BENCH_PGJOBS_SETTINGS=json.dumps(overrides))
     os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "BENCH_DB_NAME",
@@ -254,11 +285,13 @@ def main() -> None:
     workers = harness.Workers.start([command] * args.workers, env,
                                     harness.ROOT / "bench" / "results" / "logs" / "soak.log")
     producer = Producer(args.rate)
+    probe = QueueProbe()
     samples: list[dict[str, Any]] = []
     warmup = args.retention_seconds + args.prune_interval + args.vacuum_seconds
     holder = SnapshotHolder(warmup, args.hold_snapshot)
     start = time.monotonic()
     producer.start()
+    probe.start()
     if args.hold_snapshot > 0:
         print(f"soak: a REPEATABLE READ snapshot is held from {warmup:.0f} s for "
               f"{args.hold_snapshot:.0f} s", file=sys.stderr)
@@ -267,13 +300,15 @@ def main() -> None:
     try:
         while (elapsed := time.monotonic() - start) < args.minutes * 60:
             time.sleep(min(args.sample_seconds, max(0.0, args.minutes * 60 - elapsed)))
-            samples.append(sample(time.monotonic() - start, producer, vacuumer.runs))
+            samples.append(sample(time.monotonic() - start, producer, vacuumer.runs, probe))
             print(" | ".join(_row(samples[-1])), flush=True)
     finally:
         producer.stopping.set()
+        probe.stopping.set()
         vacuumer.stopping.set()
         holder.stopping.set()
         producer.join(10)
+        probe.join(10)
         workers.stop()
     print()
     print(_table(HEADERS, [_row(s) for s in samples]))
@@ -281,6 +316,7 @@ def main() -> None:
     print(f"steady state: the samples after {warmup:.0f} s (retention, one prune interval and one "
           "vacuum interval)")
     print(summary(samples, warmup))
+    print(f"the probe made {probe.from_floors:,} of its claims from floors")
     if args.hold_snapshot > 0:
         hold_to = warmup + args.hold_snapshot
         print()

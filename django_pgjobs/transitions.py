@@ -223,23 +223,41 @@ def _read_times_with_psycopgs_loader(cursor: CursorWrapper, using: str) -> None:
 
 # --- 1. the claim ------------------------------------------------------------------------------
 
+# A claim's floor at one priority: the (run_at, id) of the last job claimed there.
+Floor = tuple[int, datetime, int]  # priority, run_at, id
+
+
 def claim_jobs(
-    worker_id: str, queue: str, limit: int, *, using: str = DEFAULT_DB_ALIAS
+    worker_id: str, queue: str, limit: int, *, floors: Sequence[Floor] | None = None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs of ``queue`` for ``worker_id``, in one short transaction.
 
     A paused queue gives nothing: the statement reads the queue's pause in the same snapshot.
+    With ``floors`` (a worker's while a snapshot is held open, ``worker.floors``), only the jobs
+    past a floor, at a priority that has one, are candidates.
     """
     with transaction.atomic(using=using):
         [(columns, rows)] = prepared.run(
-            using, [(claim_statement(limit), {"queue": queue, "worker_id": worker_id})],
-            whole_block=True)
+            using, [_claim(worker_id, queue, limit, floors)], whole_block=True)
     return claimed_jobs(columns, rows)
+
+
+def _claim(
+    worker_id: str, queue: str, limit: int, floors: Sequence[Floor] | None
+) -> tuple[prepared.Statement, dict[str, Any]]:
+    values: dict[str, Any] = {"queue": queue, "worker_id": worker_id}
+    if not floors:
+        return claim_statement(limit), values
+    values["floor_priorities"] = [f[0] for f in floors]
+    values["floor_run_ats"] = [f[1] for f in floors]
+    values["floor_ids"] = [f[2] for f in floors]
+    return claim_statement(limit, from_floors=True), values
 
 
 def settle_and_claim(
     outcomes: Sequence[Outcome], worker_id: str, queue: str, limit: int, *,
-    using: str = DEFAULT_DB_ALIAS,
+    floors: Sequence[Floor] | None = None, using: str = DEFAULT_DB_ALIAS,
 ) -> tuple[dict[uuid.UUID, bool], list[ClaimedJob]]:
     """``settle`` these outcomes, then ``claim_jobs``, in the claim's one short transaction.
 
@@ -254,7 +272,7 @@ def settle_and_claim(
     it counts in the batch of ``limit``.
     """
     if not outcomes:
-        return {}, claim_jobs(worker_id, queue, limit, using=using)
+        return {}, claim_jobs(worker_id, queue, limit, floors=floors, using=using)
     reports = _reports(outcomes)
     # In a transaction that goes on after the claim (a test's, or one the caller opened),
     # nothing more may go to it.
@@ -263,7 +281,7 @@ def settle_and_claim(
         results = prepared.run(using, [
             *_push_backs(outcomes),
             (_SETTLE, [queue, limit, reports]),
-            (claim_statement(limit), {"queue": queue, "worker_id": worker_id}),
+            _claim(worker_id, queue, limit, floors),
             *([(_CLAIM_TO_END, [])] if goes_on else []),
         ], whole_block=True)
     (_, settled), (columns, rows) = results[-3:-1] if goes_on else results[-2:]
@@ -271,15 +289,25 @@ def settle_and_claim(
 
 
 @cache
-def claim_statement(limit: int) -> prepared.Statement:
+def claim_statement(limit: int, *, from_floors: bool = False) -> prepared.Statement:
     """The claim of a batch of ``limit``: the ``claim_jobs`` block of ``sql/jobs.sql``, whole.
 
     Its parameters are ``queue`` and ``worker_id``; the batch size is written into its text (a
     generic plan would guess at a bound LIMIT), so each size is a statement of its own.
+    ``from_floors``: its candidates are ``claim_candidates_from_floors``, whose floors are three
+    more parameters (``claim_jobs``).
     """
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ValueError(f"a claim's batch size is a whole number of at least 1, not {limit!r}")
-    text = sql.query("claim_jobs").replace("{limit}", str(limit))
+    text = sql.query("claim_jobs")
+    if from_floors:
+        start, end = "WITH candidates AS (\n", "\n), claimed AS ("
+        before, rest = text.split(start, 1)
+        text = (before + start + sql.query("claim_candidates_from_floors")
+                + end + rest.split(end, 1)[1])
+    text = text.replace("{limit}", str(limit))
+    if from_floors:
+        return prepared.Statement(f"claim{limit}_from_floors", text)
     return prepared.Statement(f"claim{limit}", text, same_values=True)
 
 

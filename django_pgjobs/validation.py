@@ -438,6 +438,7 @@ SETTING_RULES: dict[str, Rule] = {
     "ADMIN_REFRESH_SECONDS": _seconds(1, 3600, low_inclusive=True),
     "HORIZON_WARN_SECONDS": _seconds(1, 30 * DAY_SECONDS, low_inclusive=True),
     "HORIZON_WARN_XIDS": _whole(1000, 2_000_000_000),
+    "CLAIM_FLOORS_AFTER_SECONDS": _seconds(0, 30 * DAY_SECONDS, low_inclusive=True),
     "STATS_DATABASE": _alias_name,
     "HISTORY_RETENTION_SECONDS": _seconds(3600, 366 * DAY_SECONDS, low_inclusive=True),
     "PRUNE_BATCH": _whole(1, 100_000),

@@ -94,6 +94,8 @@ PGJOBS_RETRY_BASE_SECONDS = env.float("PGJOBS_RETRY_BASE_SECONDS", default=0.05)
 PGJOBS_RETRY_MAX_SECONDS = env.float("PGJOBS_RETRY_MAX_SECONDS", default=1.0)
 PGJOBS_RESCUE_INTERVAL_SECONDS = env.float("PGJOBS_RESCUE_INTERVAL_SECONDS", default=0.5)
 PGJOBS_POLL_INTERVAL_SECONDS = env.float("PGJOBS_POLL_INTERVAL_SECONDS", default=0.2)
+# The failure harness's --hold-snapshot run turns claim floors on within a second.
+PGJOBS_CLAIM_FLOORS_AFTER_SECONDS = env.float("PGJOBS_CLAIM_FLOORS_AFTER_SECONDS", default=30.0)
 # Jobs of a killed demo worker come back after this lease instead of the default 30 s.
 PGJOBS_LEASE_SECONDS = env.int("PGJOBS_LEASE_SECONDS", default=5)
 # The key of the project's encrypted fields, for the tests and the demo only: a real project

@@ -61,6 +61,7 @@ from .connections import (
     refresh_connection,
     reset_connection,
 )
+from .floors import ClaimFloors, HorizonWatch
 from .queues import QueueRotation
 from .running import RunningJobs
 from .settler import Settler, SettlerConfig
@@ -215,6 +216,10 @@ class Worker:
                                    running=lambda: len(self.running.snapshot()))
         self.steps.append(Step("heartbeat", float(settings.WORKER_HEARTBEAT_SECONDS),
                                self.heartbeat))
+        # Where claims start while a snapshot held open keeps vacuum from cleaning up.
+        self.floors = ClaimFloors()
+        self.steps.append(Step("horizon", float(settings.RESCUE_INTERVAL_SECONDS),
+                               HorizonWatch(self.floors)))
         self.watchdog = Watchdog(
             self.runner, start_slot=lambda: self._start_slot(Slot(next(self._slot_numbers))),
             cancel_every=float(settings.CANCEL_CHECK_SECONDS),
@@ -471,8 +476,11 @@ class Worker:
                 self.outage.recovered()
                 self._budget.give_back(limit - len(jobs))
                 if not jobs:
-                    if self.burst and not self._anything_eligible():
-                        return
+                    if self.burst:
+                        if not self._anything_eligible():
+                            return
+                        # What is eligible may be behind a floor: the next claim is a full one.
+                        self.floors.missed()
                     self._idle(generation)
                     continue
                 self.counters.add_claimed(len(jobs))
@@ -497,12 +505,15 @@ class Worker:
         # The first claim carries the worker's pending outcomes (settled in its transaction).
         with self.settler.lend() as loan:
             for queue in self.rotation.order():
+                floors = self.floors.start(queue)
                 if loan.outcomes:
                     applied, jobs = settle_and_claim(loan.outcomes, self.worker_id, queue, limit,
-                                                     using=self.using)
+                                                     floors=floors, using=self.using)
                     loan.settled(applied)
                 else:
-                    jobs = claim_jobs(self.worker_id, queue, limit, using=self.using)
+                    jobs = claim_jobs(self.worker_id, queue, limit, floors=floors,
+                                      using=self.using)
+                self.floors.claimed(queue, jobs)
                 if jobs:
                     return jobs
         self.rotation.found_nothing()

@@ -22,6 +22,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the full report here")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (worker logs) after the run")
+    parser.add_argument("--hold-snapshot", action="store_true",
+                        help="hold a REPEATABLE READ snapshot open through the run (taken again "
+                             "after each restart), so the workers claim from floors")
     args = parser.parse_args()
 
     from tests.harness.pool import TIMINGS
@@ -36,6 +39,8 @@ def main() -> int:
         os.environ["DATABASE_URL"] = server.url("chaos")
         os.environ["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
         os.environ["PGJOBS_LOG_LEVEL"] = "INFO"
+        if args.hold_snapshot:
+            os.environ["PGJOBS_CLAIM_FLOORS_AFTER_SECONDS"] = "1"
         import django
         from django.core.management import call_command
 
@@ -45,7 +50,8 @@ def main() -> int:
         from tests.harness import runner
 
         record, checks, figures = runner.run(
-            runner.PROFILES[args.profile], args.seed, server, workdir, dict(os.environ)
+            runner.PROFILES[args.profile], args.seed, server, workdir, dict(os.environ),
+            hold_snapshot=args.hold_snapshot,
         )
         print(runner.render(record, checks, figures))
         if args.json:

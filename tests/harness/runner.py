@@ -62,8 +62,13 @@ PROFILES = {
 
 
 def run(profile: Profile, seed: int, server: PrivateServer, workdir: Path,
-        worker_env: dict[str, str]) -> tuple[RunRecord, list[Check], dict[str, Any]]:
-    """Run ``profile`` against the workers' database on ``server``; return what happened."""
+        worker_env: dict[str, str], *, hold_snapshot: bool = False,
+        ) -> tuple[RunRecord, list[Check], dict[str, Any]]:
+    """Run ``profile`` against the workers' database on ``server``; return what happened.
+
+    ``hold_snapshot``: a session holds a snapshot open through the run, as a long report
+    would, so the workers claim from floors (``worker.floors``) under every fault.
+    """
     record = RunRecord(profile.name, seed, profile.workers, profile.concurrency)
     rng = random.Random(seed)
     pool = WorkerPool(
@@ -74,6 +79,10 @@ def run(profile: Profile, seed: int, server: PrivateServer, workdir: Path,
     )
     ctx = scenarios.Context(pool, server, record, rng, LEASE.total_seconds())
     started = time.monotonic()
+    holder = (scenarios.SnapshotHolder(worker_env["DATABASE_URL"], workdir / "logs")
+              if hold_snapshot else None)
+    if holder is not None:
+        holder.start()
     pool.start()
     feeder = scenarios.Feeder(record, profile.feed_per_second, 10**9, seed)
     editor = scenarios.ScheduleEditor(record, seed)
@@ -107,6 +116,10 @@ def run(profile: Profile, seed: int, server: PrivateServer, workdir: Path,
     finally:
         feeder.halt.set()
         editor.halt.set()
+        if holder is not None:
+            holder.halt.set()
+            holder.join(10)
+            record.notes.extend(holder.problems())
         record.shutdown_codes = pool.shutdown(30)
         record.exits = list(pool.exits)
         record.wall_seconds = time.monotonic() - started

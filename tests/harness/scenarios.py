@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.db import connection
@@ -87,6 +88,42 @@ def worker_finished_a_job_since(worker_id: str, since: Any) -> bool:
 
 
 # --- workload ---------------------------------------------------------------------------------
+
+
+class SnapshotHolder(threading.Thread):
+    """Holds a REPEATABLE READ snapshot open on the workers' database until halted, as a long
+    report would, taking it again after each restart of the server; vacuum's horizon stays
+    back and the workers claim from floors."""
+
+    def __init__(self, url: str, logs: Path) -> None:
+        super().__init__(name="harness-snapshot", daemon=True)
+        self.url = url
+        self.logs = logs
+        self.halt = threading.Event()
+        self.held_seconds = 0.0
+
+    def run(self) -> None:
+        import psycopg
+
+        while not self.halt.is_set():
+            try:
+                with psycopg.connect(self.url, application_name="harness-snapshot") as conn:
+                    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                    conn.execute("SELECT count(*) FROM pgjobs_job").fetchone()
+                    while not self.halt.wait(0.5):
+                        conn.execute("SELECT 1").fetchone()  # fails once the server is gone
+                        self.held_seconds += 0.5
+                    conn.rollback()
+            except psycopg.Error:
+                self.halt.wait(0.5)
+
+    def problems(self) -> list[str]:
+        """What says the run did not test claims from floors."""
+        if self.held_seconds < 5:
+            return [f"the snapshot was held only {self.held_seconds:.1f}s"]
+        said = [p.name for p in self.logs.glob("*.log")
+                if "worker.claim_floors on" in p.read_text(errors="replace")]
+        return [] if said else ["no worker said it claimed from floors"]
 
 
 class Feeder(threading.Thread):

@@ -1,0 +1,193 @@
+"""Claims from a floor per priority while a snapshot held open keeps vacuum from cleaning up:
+the statement, the worker's floors, and the horizon that turns them on, on a real server."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+import django_pgjobs
+from django_pgjobs import JobSpec
+from django_pgjobs.claimed import ClaimedJob
+from django_pgjobs.models import Job, QueueState
+from django_pgjobs.status import JobStatus
+from django_pgjobs.transitions import claim_jobs, claim_statement, settle_and_claim
+from django_pgjobs.worker import Worker
+from django_pgjobs.worker.floors import FULL_CLAIM_SECONDS, ClaimFloors, HorizonWatch
+from tests.conftest import run_in_thread, succeeded, wait_for
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def connect(application_name: str) -> psycopg.Connection:
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return psycopg.connect(**{**params, "application_name": application_name})
+
+
+@pytest.fixture
+def held_snapshot() -> Iterator[None]:
+    """A session holding a REPEATABLE READ snapshot open, older than the floors' threshold."""
+    with connect("nightly-report") as held:
+        held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        held.execute("SELECT count(*) FROM pgjobs_job").fetchone()
+        time.sleep(0.3)
+        with override_settings(PGJOBS_CLAIM_FLOORS_AFTER_SECONDS=0.2):
+            yield
+        held.rollback()
+
+
+def floor_of(job: Job) -> tuple[int, Any, int]:
+    return (job.priority, job.run_at, job.pk)
+
+
+def test_a_claim_from_floors_takes_only_the_jobs_past_each_priority_floor_in_claim_order() -> None:
+    now = timezone.now()
+    low = [JobFactory(priority=0, run_at=now - timedelta(seconds=s)) for s in (3, 2, 1)]
+    high = [JobFactory(priority=5, run_at=now - timedelta(seconds=s)) for s in (2, 1)]
+    unfloored = JobFactory(priority=9)
+    JobFactory(queue="other", priority=5)
+    claimed = claim_jobs("w1", "default", 10, floors=[floor_of(low[0]), floor_of(high[0])])
+    # The highest priority first, each from its floor: not the floors' own jobs, and nothing
+    # at a priority with no floor (the next full claim takes those).
+    assert [c.id for c in claimed] == [high[1].pk, low[1].pk, low[2].pk]
+    assert Job.objects.get(pk=unfloored.pk).status == JobStatus.READY
+
+
+def test_a_floor_orders_jobs_of_one_time_by_id() -> None:
+    # One enqueue of many jobs gives them all the same run_at: the floor goes by id among them.
+    jobs = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(6)])
+    assert len({j.run_at for j in jobs}) == 1
+    claimed = claim_jobs("w1", "default", 2, floors=[floor_of(jobs[2])])
+    assert [c.id for c in claimed] == [jobs[3].pk, jobs[4].pk]
+
+
+def test_a_paused_queue_gives_nothing_from_floors_either() -> None:
+    old = JobFactory(run_at=timezone.now() - timedelta(seconds=5))
+    JobFactory()
+    QueueState.objects.create(name="default", paused=True)
+    assert claim_jobs("w1", "default", 10, floors=[floor_of(old)]) == []
+
+
+def test_a_settlement_and_a_claim_from_floors_go_in_one_transaction() -> None:
+    first = JobFactory(run_at=timezone.now() - timedelta(seconds=5))
+    [running] = claim_jobs("w1", "default", 1)
+    later = JobFactory()
+    applied, claimed = settle_and_claim([succeeded(running)], "w1", "default", 10,
+                                        floors=[floor_of(first)])
+    assert applied == {running.lease_token: True}
+    assert [c.id for c in claimed] == [later.pk]
+
+
+def test_the_statement_from_floors_differs_from_the_claim_only_in_its_candidates() -> None:
+    full, floored = claim_statement(10).text, claim_statement(10, from_floors=True).text
+
+    def outside_candidates(text: str) -> tuple[str, str]:
+        before, rest = text.split("WITH candidates AS (\n", 1)
+        return before, rest.split("\n), claimed AS (", 1)[1]
+
+    assert outside_candidates(full) == outside_candidates(floored)
+    assert "(j.run_at, j.id) > (f.run_at, f.id)" in floored
+    assert floored.count("FOR UPDATE OF j SKIP LOCKED") == 1
+    assert claim_statement(10, from_floors=True).name != claim_statement(10).name
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def claimed_at(priority: int, seconds: int, job_id: int) -> ClaimedJob:
+    now_us = int(timezone.now().timestamp() * 1_000_000)
+    return ClaimedJob(id=job_id, task="t", payload_version=1, payload={}, attempt=1,
+                      max_attempts=1, snoozes=0, deadline_us=None, lease_seconds=30,
+                      lease_token=uuid.uuid4(), lease_owner="w", lease_expires_at_us=now_us,
+                      trace_id="", queue="default", priority=priority, created_at_us=now_us,
+                      run_at_us=now_us + seconds * 1_000_000)
+
+
+def test_floors_move_with_each_claim_and_a_full_claim_comes_every_second() -> None:
+    clock = Clock()
+    floors = ClaimFloors(clock=clock)
+    floors.claimed("default", [claimed_at(0, 1, 1)])
+    assert floors.start("default") is None  # nothing held back: every claim is full
+    floors.hold(True)
+    assert floors.start("default") is None  # no floor yet: a full claim sets them
+    floors.claimed("default", [claimed_at(5, 2, 7), claimed_at(0, 3, 4), claimed_at(0, 1, 9)])
+    clock.now += FULL_CLAIM_SECONDS / 2
+    assert sorted((p, i) for p, _, i in floors.start("default")) == [(0, 4), (5, 7)]
+    assert floors.start("other") is None  # each queue has its own
+    clock.now += FULL_CLAIM_SECONDS / 2
+    assert floors.start("default") is None  # a second since the last full claim
+    assert floors.start("default") is not None
+    floors.missed()
+    assert floors.start("default") is None
+    floors.hold(False)
+    floors.hold(True)
+    assert floors.start("default") is None  # held anew: the floors start over
+
+
+def test_the_horizon_watch_turns_floors_on_while_a_snapshot_is_held(held_snapshot) -> None:
+    floors = ClaimFloors()
+    HorizonWatch(floors)()
+    assert floors.held
+    with override_settings(PGJOBS_CLAIM_FLOORS_AFTER_SECONDS=0):
+        HorizonWatch(floors)()
+    assert not floors.held
+    with override_settings(PGJOBS_CLAIM_FLOORS_AFTER_SECONDS=3600):
+        HorizonWatch(floors)()
+    assert not floors.held
+
+
+def test_without_a_held_snapshot_the_watch_leaves_claims_whole() -> None:
+    floors = ClaimFloors()
+    floors.hold(True)
+    with override_settings(PGJOBS_CLAIM_FLOORS_AFTER_SECONDS=0.2):
+        HorizonWatch(floors)()
+    assert not floors.held
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_claims_from_floors_and_still_starts_a_job_ready_behind_them(
+    held_snapshot,
+) -> None:
+    worker = Worker(concurrency=1, batch_size=5, install_signals=False, poll_interval=0.05)
+    starts: list[Any] = []
+    start = worker.floors.start
+
+    def recorded(queue: str) -> Any:
+        floors = start(queue)
+        starts.append(floors)
+        return floors
+
+    worker.floors.start = recorded  # type: ignore[method-assign]
+    thread = run_in_thread(worker)
+    try:
+        wait_for(lambda: worker.floors.held, 10)
+        first = django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(20)])
+        wait_for(lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 20, 20)
+        # Ready an hour ago, so behind every floor: only a full claim can see it.
+        behind = django_pgjobs.enqueue("tests.ok", {"behind": True},
+                                       run_at=timezone.now() - timedelta(hours=1))
+        django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(5)])
+        wait_for(lambda: Job.objects.get(pk=behind.pk).status == JobStatus.SUCCEEDED,
+                 10 * FULL_CLAIM_SECONDS)
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert any(s for s in starts), "no claim started from floors"
+    assert all(Job.objects.get(pk=j.pk).status == JobStatus.SUCCEEDED for j in first)
