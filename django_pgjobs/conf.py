@@ -91,7 +91,7 @@ DEFAULT_HORIZON_WARN_SECONDS = 300.0
 DEFAULT_STATS_DATABASE: str | None = None
 DEFAULT_HORIZON_WARN_XIDS = 500_000
 # While something has held the horizon back this long, workers start their claims from a floor
-# per priority and make a full claim every second (worker/floors.py); 0: never.
+# per priority and make a full claim every second or so (worker/floors.py); 0: never.
 DEFAULT_CLAIM_FLOORS_AFTER_SECONDS = 30.0
 # Matched as whole words of snake, kebab or camel case (see redaction.py): "pass" hides "db_pass"
 # and "userPass", never "passenger".

@@ -141,6 +141,22 @@ def test_floors_move_with_each_claim_and_a_full_claim_comes_every_second() -> No
     assert floors.start("default") is None  # held anew: the floors start over
 
 
+def test_a_full_claim_that_takes_long_comes_less_often() -> None:
+    clock = Clock()
+    floors = ClaimFloors(clock=clock)
+    floors.hold(True)
+    assert floors.start("default") is None
+    # A full claim of a quarter of a second: the next comes 20 times as long after it.
+    floors.claimed("default", [claimed_at(0, 1, 1)], full_seconds=0.25)
+    clock.now += 4.9
+    assert floors.start("default") is not None
+    clock.now += 0.1
+    assert floors.start("default") is None
+    floors.claimed("default", [], full_seconds=0.01)  # a fast one: every second again
+    clock.now += FULL_CLAIM_SECONDS
+    assert floors.start("default") is None
+
+
 def test_the_horizon_watch_turns_floors_on_while_a_snapshot_is_held(held_snapshot) -> None:
     floors = ClaimFloors()
     HorizonWatch(floors)()
@@ -191,3 +207,16 @@ def test_a_worker_claims_from_floors_and_still_starts_a_job_ready_behind_them(
         thread.join(10)
     assert any(s for s in starts), "no claim started from floors"
     assert all(Job.objects.get(pk=j.pk).status == JobStatus.SUCCEEDED for j in first)
+
+
+def test_a_claim_from_floors_is_planned_once_not_at_every_claim() -> None:
+    # Left to itself PostgreSQL plans it anew each time (a generic plan guesses ten floors and
+    # looks costlier than a plan for the one it is given), a fifth of a millisecond a claim.
+    first = JobFactory(run_at=timezone.now() - timedelta(seconds=30))
+    for _ in range(8):
+        JobFactory()
+        assert len(claim_jobs("w1", "default", 10, floors=[floor_of(first)])) == 1
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                       "WHERE name = %s", [claim_statement(10, from_floors=True).name])
+        assert cursor.fetchall() == [(8, 0)]

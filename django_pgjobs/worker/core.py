@@ -506,6 +506,7 @@ class Worker:
         with self.settler.lend() as loan:
             for queue in self.rotation.order():
                 floors = self.floors.start(queue)
+                started = time.perf_counter()
                 if loan.outcomes:
                     applied, jobs = settle_and_claim(loan.outcomes, self.worker_id, queue, limit,
                                                      floors=floors, using=self.using)
@@ -513,7 +514,8 @@ class Worker:
                 else:
                     jobs = claim_jobs(self.worker_id, queue, limit, floors=floors,
                                       using=self.using)
-                self.floors.claimed(queue, jobs)
+                self.floors.claimed(queue, jobs, full_seconds=None if floors is not None
+                                    else time.perf_counter() - started)
                 if jobs:
                     return jobs
         self.rotation.found_nothing()

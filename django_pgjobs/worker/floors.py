@@ -5,10 +5,10 @@ replication slot: ``stats.horizon``), the claim index keeps an entry for every j
 since, and a claim that starts at the beginning of its queue visits each of those rows to learn
 it is no longer ready: the claim slows with every job that went by. While that lasts, a worker
 starts each claim of a queue from a floor per priority, the (run_at, id) of the last job it
-claimed there (``claim_candidates_from_floors`` in ``sql/jobs.sql``), and makes a full claim at
-least every ``FULL_CLAIM_SECONDS``: that claim takes the jobs that became ready behind a floor,
-or at a priority the worker has not claimed from since, so none waits longer than that for
-being behind.
+claimed there (``claim_candidates_from_floors`` in ``sql/jobs.sql``), and makes a full claim
+every ``FULL_CLAIM_SECONDS`` (or ``FULL_CLAIM_SPACING`` times as long as the last took, when
+longer): that claim takes the jobs that became ready behind a floor, or at a priority the
+worker has not claimed from since, so none waits longer than that for being behind.
 
 The horizon is read on the maintenance cadence (``HorizonWatch``, a step of the worker's main
 thread); claims read and move the floors from the executors' threads.
@@ -30,8 +30,12 @@ from ..transitions import Floor
 
 logger = logging.getLogger("django_pgjobs.worker")
 
-# The longest a job behind its floor waits for a full claim, while floors are in use.
+# A full claim comes every second while floors are in use, the longest a job behind its floor
+# waits; unless it takes more than a twentieth of that itself: it reads every job claimed since
+# the hold began, so the longer the hold the longer it takes, and it then comes every twenty
+# times as long as the last one took, never more than a twentieth of a claimer's time.
 FULL_CLAIM_SECONDS = 1.0
+FULL_CLAIM_SPACING = 20
 
 
 class ClaimFloors:
@@ -45,6 +49,7 @@ class ClaimFloors:
         self._lock = threading.Lock()
         self._floors: dict[str, dict[int, ClaimedJob]] = {}
         self._full_at: dict[str, float] = {}
+        self._full_every: dict[str, float] = {}
 
     def hold(self, held: bool) -> None:
         """Whether the horizon is held back now. Floors start anew each time it is."""
@@ -54,10 +59,11 @@ class ClaimFloors:
             self.held = held
             self._floors.clear()
             self._full_at.clear()
+            self._full_every.clear()
         if held:
             logger.info("worker.claim_floors on: something holds vacuum's horizon back, so "
-                        "claims start past the jobs this worker took (a full claim every %gs)",
-                        self._full_claim_seconds)
+                        "claims start past the jobs this worker took (a full claim every %gs "
+                        "or so)", self._full_claim_seconds)
         else:
             logger.info("worker.claim_floors off: claims start at the head of each queue")
 
@@ -69,17 +75,25 @@ class ClaimFloors:
             floors = self._floors.get(queue)
             now = self._clock()
             full_at = self._full_at.get(queue)
-            if not floors or full_at is None or now - full_at >= self._full_claim_seconds:
+            every = self._full_every.get(queue, self._full_claim_seconds)
+            if not floors or full_at is None or now - full_at >= every:
                 self._full_at[queue] = now
                 return None
             return [(job.priority, job.run_at, job.id) for job in floors.values()
                     if job.run_at is not None]
 
-    def claimed(self, queue: str, jobs: Sequence[ClaimedJob]) -> None:
-        """Move ``queue``'s floors past the jobs a claim of it took."""
-        if not self.held or not jobs:
+    def claimed(self, queue: str, jobs: Sequence[ClaimedJob], *,
+                full_seconds: float | None = None) -> None:
+        """Move ``queue``'s floors past the jobs a claim of it took; ``full_seconds``: it was a
+        full claim, and took that long."""
+        if not self.held:
             return
         with self._lock:
+            if full_seconds is not None:
+                self._full_every[queue] = max(self._full_claim_seconds,
+                                              FULL_CLAIM_SPACING * full_seconds)
+            if not jobs:
+                return
             floors = self._floors.setdefault(queue, {})
             for job in jobs:
                 last = floors.get(job.priority)
