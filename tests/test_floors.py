@@ -219,4 +219,6 @@ def test_a_claim_from_floors_is_planned_once_not_at_every_claim() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
                        "WHERE name = %s", [claim_statement(10, from_floors=True).name])
-        assert cursor.fetchall() == [(8, 0)]
+        [(generic, custom)] = cursor.fetchall()
+    # Earlier tests in the session may have run it too: none of its runs were planned anew.
+    assert generic >= 8 and custom == 0
