@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,26 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
             said = f": {what()}" if what is not None else ""
             raise AssertionError(f"condition not met within {timeout}s{said}")
         time.sleep(interval)
+
+
+def session(application_name: str) -> Any:
+    """A connection of its own to the test database, named ``application_name``."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return psycopg.connect(**{**params, "application_name": application_name})
+
+
+@contextmanager
+def holding_snapshot(application_name: str) -> Iterator[int]:
+    """A session holding a REPEATABLE READ snapshot open, as a long report does; its pid."""
+    with session(application_name) as held:
+        held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        held.execute("SELECT count(*) FROM pgjobs_job").fetchone()
+        yield held.info.backend_pid
+        held.rollback()
 
 
 def run_in_thread(worker: Any) -> threading.Thread:

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection
 from django.test import override_settings
@@ -23,29 +22,19 @@ from django_pgjobs.status import JobStatus
 from django_pgjobs.transitions import claim_jobs, claim_statement, settle_and_claim
 from django_pgjobs.worker import Worker
 from django_pgjobs.worker.floors import FULL_CLAIM_SECONDS, ClaimFloors, HorizonWatch
-from tests.conftest import run_in_thread, succeeded, wait_for
+from tests.conftest import holding_snapshot, run_in_thread, succeeded, wait_for
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
 
-def connect(application_name: str) -> psycopg.Connection:
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    return psycopg.connect(**{**params, "application_name": application_name})
-
-
 @pytest.fixture
 def held_snapshot() -> Iterator[None]:
     """A session holding a REPEATABLE READ snapshot open, older than the floors' threshold."""
-    with connect("nightly-report") as held:
-        held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        held.execute("SELECT count(*) FROM pgjobs_job").fetchone()
+    with holding_snapshot("nightly-report"):
         time.sleep(0.3)
         with override_settings(PGJOBS_CLAIM_FLOORS_AFTER_SECONDS=0.2):
             yield
-        held.rollback()
 
 
 def floor_of(job: Job) -> tuple[int, Any, int]:

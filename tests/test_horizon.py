@@ -7,36 +7,24 @@ import time
 from collections.abc import Iterator
 from io import StringIO
 
-import psycopg
 import pytest
 from django.core.management import call_command
-from django.db import connection
 from django.test import override_settings
 
 from django_pgjobs import stats
 from django_pgjobs.checks import check_database
+from tests.conftest import holding_snapshot, session
 
 pytestmark = pytest.mark.django_db
 
 DASHBOARD = "/admin/pgjobs/job/dashboard/"
 
 
-def connect(application_name: str) -> psycopg.Connection:
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    return psycopg.connect(**{**params, "application_name": application_name})
-
-
 @pytest.fixture
 def report() -> Iterator[int]:
     """A session of 'nightly-report' holding a REPEATABLE READ snapshot; its pid."""
-    with connect("nightly-report") as held:
-        held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        held.execute("SELECT count(*) FROM pgjobs_job").fetchone()
-        pid = held.info.backend_pid
+    with holding_snapshot("nightly-report") as pid:
         yield pid
-        held.rollback()
 
 
 def mine(pid: int) -> stats.HorizonHolder:
@@ -54,7 +42,7 @@ def test_a_session_holding_a_snapshot_is_listed_with_its_application_and_state(
 
 
 def test_a_session_that_only_connected_holds_nothing() -> None:
-    with connect("idle-client") as idle:
+    with session("idle-client") as idle:
         pid = idle.info.backend_pid
         assert [h for h in stats.horizon() if h.holder == str(pid)] == []
 
@@ -94,7 +82,7 @@ def test_past_the_threshold_the_dashboard_stats_metrics_and_checks_name_it(
 
 def test_with_the_snapshot_gone_nothing_is_named(login) -> None:
     with override_settings(PGJOBS_HORIZON_WARN_SECONDS=1):
-        with connect("short-report") as held:
+        with session("short-report") as held:
             held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             held.execute("SELECT 1").fetchone()
             pid = held.info.backend_pid
