@@ -140,7 +140,7 @@ class QueueProbe(threading.Thread):
                 start = time.perf_counter()
                 jobs = claim_jobs(worker, "default", self.batch, floors=start_from)
                 took = (time.perf_counter() - start) * 1000
-                floors.claimed("default", jobs,
+                floors.claimed("default", jobs, limit=self.batch,
                                full_seconds=None if start_from is not None else took / 1000)
                 with self._lock:
                     self._timings.append(took)

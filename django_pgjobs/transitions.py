@@ -224,7 +224,7 @@ def _read_times_with_psycopgs_loader(cursor: CursorWrapper, using: str) -> None:
 # --- 1. the claim ------------------------------------------------------------------------------
 
 # A claim's floor at one priority: the (run_at, id) of the last job claimed there.
-Floor = tuple[int, datetime, int]  # priority, run_at, id
+Floor = tuple[int, int, int]  # priority, run_at in microseconds since the epoch, id
 
 
 def claim_jobs(
@@ -238,31 +238,20 @@ def claim_jobs(
     past a floor, at a priority that has one, are candidates.
     """
     with transaction.atomic(using=using):
-        *_, (columns, rows) = prepared.run(
-            using, _claim(worker_id, queue, limit, floors), whole_block=True)
+        [(columns, rows)] = prepared.run(
+            using, [_claim(worker_id, queue, limit, floors)], whole_block=True)
     return claimed_jobs(columns, rows)
-
-
-# For the rest of a claim's own transaction: its statement from floors runs its generic plan.
-_GENERIC_PLAN = prepared.Statement(
-    "generic_plan", "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)")
 
 
 def _claim(
     worker_id: str, queue: str, limit: int, floors: Sequence[Floor] | None
-) -> list[tuple[prepared.Statement, Any]]:
-    """The claim's statements, the claim itself last."""
+) -> tuple[prepared.Statement, dict[str, Any]]:
     values: dict[str, Any] = {"queue": queue, "worker_id": worker_id}
     if not floors:
-        return [(claim_statement(limit), values)]
-    values["floor_priorities"] = [f[0] for f in floors]
-    values["floor_run_ats"] = [f[1] for f in floors]
-    values["floor_ids"] = [f[2] for f in floors]
-    # Its plan does not depend on the floors' values, but PostgreSQL would plan it anew at
-    # every claim: a generic plan guesses ten floors where a claim's own plan sees one or two,
-    # looks costlier, and is never chosen. A worker's claim transaction is its own, so the
-    # setting ends with it.
-    return [(_GENERIC_PLAN, []), (claim_statement(limit, from_floors=True), values)]
+        return claim_statement(limit), values
+    values["floors"] = json.dumps([{"priority": p, "run_at_us": us, "id": i}
+                                   for p, us, i in floors])
+    return claim_statement(limit, from_floors=True), values
 
 
 def settle_and_claim(
@@ -287,17 +276,14 @@ def settle_and_claim(
     # In a transaction that goes on after the claim (a test's, or one the caller opened),
     # nothing more may go to it.
     goes_on = not _outside_any_transaction(connections[using])
-    push_backs = _push_backs(outcomes)
-    claim = _claim(worker_id, queue, limit, floors)
     with transaction.atomic(using=using):
         results = prepared.run(using, [
-            *push_backs,
+            *_push_backs(outcomes),
             (_SETTLE, [queue, limit, reports]),
-            *claim,
+            _claim(worker_id, queue, limit, floors),
             *([(_CLAIM_TO_END, [])] if goes_on else []),
         ], whole_block=True)
-    _, settled = results[len(push_backs)]
-    columns, rows = results[len(push_backs) + len(claim)]
+    (_, settled), (columns, rows) = results[-3:-1] if goes_on else results[-2:]
     return _applied(outcomes, settled), claimed_jobs(columns, rows)
 
 
@@ -307,8 +293,8 @@ def claim_statement(limit: int, *, from_floors: bool = False) -> prepared.Statem
 
     Its parameters are ``queue`` and ``worker_id``; the batch size is written into its text (a
     generic plan would guess at a bound LIMIT), so each size is a statement of its own.
-    ``from_floors``: its candidates are ``claim_candidates_from_floors``, whose floors are three
-    more parameters (``claim_jobs``).
+    ``from_floors``: its candidates are ``claim_candidates_from_floors``, whose floors are one
+    more parameter (``claim_jobs``).
     """
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ValueError(f"a claim's batch size is a whole number of at least 1, not {limit!r}")

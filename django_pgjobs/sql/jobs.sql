@@ -84,16 +84,21 @@ ORDER BY priority DESC, run_at, id
 -- another claim holds). A job that becomes ready behind its floor (a retry or scheduled job
 -- promoted late, a handed slot, an aged priority, an enqueue that committed late) or at a
 -- priority without one waits for the worker's next full claim. Spliced in place of the
--- claim_jobs candidates by transitions.claim_statement; the floors are parameters.
+-- claim_jobs candidates by transitions.claim_statement. The floors are one JSON array, run_at
+-- in microseconds since the epoch: PostgreSQL guesses a hundred rows for it whether it is
+-- planned for the values or not, so the prepared statement keeps its generic plan (given
+-- arrays, whose length a plan for the values knows, every claim was planned anew).
     SELECT c.id
-    FROM unnest(%(floor_priorities)s::smallint[], %(floor_run_ats)s::timestamptz[],
-                %(floor_ids)s::bigint[]) AS f(priority, run_at, id)
+    FROM jsonb_to_recordset(%(floors)s::jsonb) AS f(priority smallint, run_at_us bigint,
+                                                   id bigint)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
         FROM pgjobs_job AS j
         WHERE NOT EXISTS(SELECT 1 FROM pgjobs_queue AS q WHERE q.name = %(queue)s AND q.paused)
           AND j.queue = %(queue)s AND j.status = 'ready'
-          AND j.priority = f.priority AND (j.run_at, j.id) > (f.run_at, f.id)
+          AND j.priority = f.priority
+          AND (j.run_at, j.id) > ('epoch'::timestamptz + f.run_at_us * interval '1 microsecond',
+                                  f.id)
         ORDER BY j.run_at, j.id
         LIMIT pgjobs_claim_room({limit})
         FOR UPDATE OF j SKIP LOCKED

@@ -514,8 +514,8 @@ class Worker:
                 else:
                     jobs = claim_jobs(self.worker_id, queue, limit, floors=floors,
                                       using=self.using)
-                self.floors.claimed(queue, jobs, full_seconds=None if floors is not None
-                                    else time.perf_counter() - started)
+                self.floors.claimed(queue, jobs, limit=limit, full_seconds=(
+                    None if floors is not None else time.perf_counter() - started))
                 if jobs:
                     return jobs
         self.rotation.found_nothing()

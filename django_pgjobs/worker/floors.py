@@ -33,9 +33,11 @@ logger = logging.getLogger("django_pgjobs.worker")
 # A full claim comes every second while floors are in use, the longest a job behind its floor
 # waits; unless it takes more than a twentieth of that itself: it reads every job claimed since
 # the hold began, so the longer the hold the longer it takes, and it then comes every twenty
-# times as long as the last one took, never more than a twentieth of a claimer's time.
+# times as long as the last one took (its settlement's time included), and at least every ten
+# seconds.
 FULL_CLAIM_SECONDS = 1.0
 FULL_CLAIM_SPACING = 20
+FULL_CLAIM_MAX_SECONDS = 10.0
 
 
 class ClaimFloors:
@@ -79,22 +81,25 @@ class ClaimFloors:
             if not floors or full_at is None or now - full_at >= every:
                 self._full_at[queue] = now
                 return None
-            return [(job.priority, job.run_at, job.id) for job in floors.values()
-                    if job.run_at is not None]
+            return [(job.priority, job.run_at_us or 0, job.id) for job in floors.values()]
 
-    def claimed(self, queue: str, jobs: Sequence[ClaimedJob], *,
+    def claimed(self, queue: str, jobs: Sequence[ClaimedJob], *, limit: int = 0,
                 full_seconds: float | None = None) -> None:
         """Move ``queue``'s floors past the jobs a claim of it took; ``full_seconds``: it was a
-        full claim, and took that long."""
+        full claim of a batch of ``limit``, and took that long."""
         if not self.held:
             return
         with self._lock:
-            if full_seconds is not None:
-                self._full_every[queue] = max(self._full_claim_seconds,
-                                              FULL_CLAIM_SPACING * full_seconds)
-            if not jobs:
-                return
             floors = self._floors.setdefault(queue, {})
+            if full_seconds is not None:
+                self._full_every[queue] = min(FULL_CLAIM_MAX_SECONDS, max(
+                    self._full_claim_seconds, FULL_CLAIM_SPACING * full_seconds))
+                # A whole batch that was all behind the floors (retries promoted together, a
+                # backlog the floors passed) may leave more there: the next claim is full too,
+                # so they drain at the claims' pace, not a batch per interval.
+                if floors and len(jobs) >= limit > 0 and all(
+                        _behind(job, floors.get(job.priority)) for job in jobs):
+                    self._full_at.pop(queue, None)
             for job in jobs:
                 last = floors.get(job.priority)
                 if last is None or (job.run_at_us or 0, job.id) > (last.run_at_us or 0, last.id):
@@ -104,6 +109,11 @@ class ClaimFloors:
         """The next claim of each queue is a full one (ready jobs may be behind a floor)."""
         with self._lock:
             self._full_at.clear()
+
+
+def _behind(job: ClaimedJob, floor: ClaimedJob | None) -> bool:
+    """Whether a claim from floors could not have taken ``job``."""
+    return floor is None or (job.run_at_us or 0, job.id) <= (floor.run_at_us or 0, floor.id)
 
 
 class HorizonWatch:
