@@ -135,11 +135,17 @@ def test_floors_move_with_each_claim_and_a_full_claim_comes_every_second() -> No
     assert floors.start("default") is None  # held anew: the floors start over
 
 
-def test_a_full_claim_that_takes_long_comes_less_often() -> None:
+def held_floors() -> tuple[Clock, ClaimFloors]:
+    """Floors on a clock of the test's, held, after the first (full) claim of "default"."""
     clock = Clock()
     floors = ClaimFloors(clock=clock)
     floors.hold(True)
     assert floors.start("default") is None
+    return clock, floors
+
+
+def test_a_full_claim_that_takes_long_comes_less_often() -> None:
+    clock, floors = held_floors()
     # A full claim of a quarter of a second: the next comes 20 times as long after it.
     floors.claimed("default", [claimed_at(0, 1, 1)], full_seconds=0.25)
     clock.now += 4.9
@@ -219,10 +225,7 @@ def test_a_claim_from_floors_is_planned_once_not_at_every_claim() -> None:
 
 
 def test_a_full_claim_that_takes_only_jobs_behind_the_floors_is_followed_by_another() -> None:
-    clock = Clock()
-    floors = ClaimFloors(clock=clock)
-    floors.hold(True)
-    assert floors.start("default") is None
+    clock, floors = held_floors()
     floors.claimed("default", [claimed_at(0, 60, 50)], limit=2, full_seconds=0.001)
     clock.now += FULL_CLAIM_SECONDS
     assert floors.start("default") is None
@@ -243,10 +246,7 @@ def test_a_full_claim_that_takes_only_jobs_behind_the_floors_is_followed_by_anot
 
 
 def test_full_claims_come_at_least_every_ten_seconds_however_long_one_took() -> None:
-    clock = Clock()
-    floors = ClaimFloors(clock=clock)
-    floors.hold(True)
-    assert floors.start("default") is None
+    clock, floors = held_floors()
     floors.claimed("default", [claimed_at(0, 1, 1)], limit=10, full_seconds=5.0)
     clock.now += FULL_CLAIM_MAX_SECONDS - 0.1
     assert floors.start("default") is not None
