@@ -121,7 +121,8 @@ def rates_held(processes: int, seconds: float) -> dict[str, dict[str, float]]:
     from django.db import connection, transaction
 
     from django_pgjobs import JobSpec, enqueue_many
-    from django_pgjobs.models import Attempt
+    from django_pgjobs.models import Attempt, Job
+    from django_pgjobs.status import JobStatus
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE pgjobs_job, pgjobs_attempt, pgjobs_key_slot, pgjobs_key_rate "
@@ -142,8 +143,13 @@ def rates_held(processes: int, seconds: float) -> dict[str, dict[str, float]]:
         workers.stop()
     held = {}
     for task, (per_second, burst) in RATES.items():
-        starts = sorted(Attempt.objects.filter(job__task=task).values_list("claimed_at",
-                                                                           flat=True))
+        # Every attempt's start: the rows of those that did not succeed, and the successes,
+        # which have none (their jobs keep them).
+        starts = sorted([*Attempt.objects.filter(job__task=task).values_list("claimed_at",
+                                                                             flat=True),
+                         *Job.objects.filter(task=task, status=JobStatus.SUCCEEDED,
+                                             lease_owner__isnull=False)
+                         .values_list("claimed_at", flat=True)])
         first = starts[0]
         within = [s for s in starts if s < first + timedelta(seconds=seconds)]
         allowed = per_second * seconds + burst - 1

@@ -120,7 +120,7 @@ def measure(
     queues = stats.queue_stats(using=using)
     pickup = stats.pickup_latency(using=using)
     throughput = stats.throughput(using=using)
-    claims = _one("fit_claims", [CLAIM_WINDOW_SECONDS], using)[0]
+    claims = _one("fit_claims", {"window": CLAIM_WINDOW_SECONDS}, using)[0]
     samples, p95, largest = _one("fit_payloads", [PAYLOAD_SAMPLE], using)
     table, indexes, attempts, database = _one("fit_storage", [], using)
     health = _one("fit_table_health", [], using)
@@ -271,7 +271,7 @@ def _size(n: int) -> str:
     return f"{value:.1f} TB"
 
 
-def _one(name: str, params: list[Any], using: str) -> tuple[Any, ...]:
+def _one(name: str, params: list[Any] | dict[str, Any], using: str) -> tuple[Any, ...]:
     with connections[using].cursor() as cursor:
         cursor.execute(sql.query(name), params)
         row = cursor.fetchone()

@@ -179,8 +179,12 @@ class Job(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     # When the running attempt was claimed (kept after it ends: the last attempt's). A running
     # attempt has no row in pgjobs_attempt: its facts are the lease columns and this one, and
-    # its row is written once, when it ends (transitions.settle).
+    # its row is written once, when it ends (transitions.settle). An attempt that succeeds never
+    # gets a row: its facts stay here, with lease_owner (its worker), finished_at and
+    # duration_ms (its handler's time), which only a succeeded job keeps.
     claimed_at = models.DateTimeField(null=True, blank=True)
+    # An IntegerField: a PositiveIntegerField's CHECK would cost every single enqueue.
+    duration_ms = models.IntegerField(null=True, blank=True)
     idempotency_key = models.CharField(  # noqa: DJ001
         max_length=KEY_MAX_LENGTH, null=True, blank=True
     )
@@ -391,9 +395,33 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.task}#{self.pk} ({self.status})"
 
+    def success_attempt(self) -> Attempt | None:
+        """The attempt that succeeded, as its row would read, unsaved; None unless there is one.
+
+        An attempt that succeeds gets no row (``settle_jobs``): its job keeps its worker, its
+        times and its handler's time. A job that succeeded before that change has a row, and no
+        lease_owner left on it.
+        """
+        if (self.status != JobStatus.SUCCEEDED or self.lease_owner is None
+                or self.claimed_at is None):
+            return None
+        return Attempt(job=self, number=self.attempts, worker_id=self.lease_owner,
+                       claimed_at=self.claimed_at, finished_at=self.finished_at,
+                       outcome=AttemptOutcome.SUCCEEDED,
+                       reported_outcome=AttemptOutcome.SUCCEEDED, duration_ms=self.duration_ms)
+
+    def attempt_history(self) -> list[Attempt]:
+        """Every ended attempt of this job in the order they were claimed: its attempt rows,
+        and its success, which has none (``success_attempt``)."""
+        history = list(self.attempt_set.order_by("claimed_at", "id"))
+        success = self.success_attempt()
+        return history if success is None else [*history, success]
+
 
 class Attempt(models.Model):
-    # One row per ended attempt, written once by the statement that ends it (its outcome known).
+    # One row per ended attempt, written once by the statement that ends it (its outcome known),
+    # except an attempt that succeeded: its job keeps it (Job.claimed_at, lease_owner,
+    # finished_at, duration_ms; Job.success_attempt() builds it as a row would read).
     # The running attempt lives on its job (lease_owner, lease_token, claimed_at); RUNNING rows
     # are only those an earlier version wrote at claim time, and settle completes them too.
     id = models.BigAutoField(primary_key=True)

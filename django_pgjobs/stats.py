@@ -358,7 +358,7 @@ def handler_latency(
     using: str = DEFAULT_DB_ALIAS,
 ) -> list[Latency]:
     """Handler run time in milliseconds per task, p50/p95/max over recent finished attempts."""
-    rows = _fetch("stats_handler_latency", [window_seconds, sample], using)
+    rows = _fetch("stats_handler_latency", {"window": window_seconds, "cap": sample}, using)
     return [_latency(row) for row in rows]
 
 

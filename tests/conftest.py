@@ -166,6 +166,18 @@ def succeeded(claimed: Any, result: str = '{"ok": true}', *, token: Any = None) 
     return outcome if token is None else replace(outcome, lease_token=token)
 
 
+def ended_attempts(*job_ids: int) -> list[Any]:
+    """The ended attempts of these jobs (of every job, given none) in claim order: their attempt
+    rows, and their successes, which have none (``Job.success_attempt``)."""
+    from django_pgjobs.models import Attempt, Job
+
+    jobs = Job.objects.filter(pk__in=job_ids) if job_ids else Job.objects.all()
+    rows = list(Attempt.objects.filter(job__in=jobs))
+    successes = [job.success_attempt() for job in jobs.filter(lease_owner__isnull=False)]
+    return sorted([*rows, *(a for a in successes if a is not None)],
+                  key=lambda a: (a.claimed_at, a.pk is None, a.pk or 0))
+
+
 def make_user(username: str, *codenames: str, superuser: bool = False) -> Any:
     """A staff user with these permissions of the pgjobs app.
 

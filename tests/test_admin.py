@@ -251,6 +251,16 @@ def test_a_cancelled_running_job_page_says_who_cancelled_it_when_and_why(login: 
         AttemptOutcome.CANCELLED, "", "cancelled by an operator while it ran")
 
 
+def test_a_succeeded_job_page_shows_the_attempt_that_has_no_row(login: Any) -> None:
+    client = login("view_job")
+    job = JobFactory()
+    [claimed] = claim_jobs("worker-7", job.queue, 1)
+    assert settle([Outcome.succeeded(claimed, "null", 4321)]) == {claimed.lease_token: True}
+    assert not Attempt.objects.exists()
+    html = client.get(f"{CHANGELIST}{job.pk}/change/").content.decode()
+    assert "worker-7" in html and "4321" in html
+
+
 def test_a_cancel_that_came_after_the_job_succeeded_shows_it_came_too_late(login: Any) -> None:
     client = login("view_job", "cancel_job", username="alice")
     done, finishing = JobFactory(succeeded=True), JobFactory()

@@ -101,7 +101,7 @@ def test_an_async_handler_runs_and_its_result_is_stored() -> None:
     drain()
     stored = Job.objects.get(pk=job.pk)
     assert (stored.status, stored.result) == (JobStatus.SUCCEEDED, {"n": 7, "attempt": 1})
-    assert Attempt.objects.get(job_id=job.pk).outcome == AttemptOutcome.SUCCEEDED
+    assert [a.outcome for a in stored.attempt_history()] == [AttemptOutcome.SUCCEEDED]
 
 
 def test_many_async_jobs_run_at_once_on_one_executor() -> None:
@@ -137,8 +137,7 @@ def test_sync_and_async_handlers_share_one_worker_and_failures_are_classified() 
              30, 0.1)
     flaky = Job.objects.get(pk=jobs[1].pk)
     assert flaky.attempts == 2
-    assert list(Attempt.objects.filter(job_id=flaky.pk).order_by("id")
-                .values_list("outcome", "failure_class")) == [
+    assert [(a.outcome, a.failure_class) for a in flaky.attempt_history()] == [
         (AttemptOutcome.FAILED, FailureClass.TRANSIENT), (AttemptOutcome.SUCCEEDED, "")]
 
 

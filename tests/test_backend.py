@@ -378,7 +378,9 @@ def test_a_task_runs_and_its_result_reads_back() -> None:
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 5
     assert result.is_finished
-    attempt = Attempt.objects.get(job_id=int(result.id))
+    # A success has no attempt row: the job keeps it, and the result reads it from there.
+    assert not Attempt.objects.filter(job_id=int(result.id)).exists()
+    [attempt] = Job.objects.get(pk=int(result.id)).attempt_history()
     assert result.worker_ids == [attempt.worker_id] and result.attempts == 1
     assert result.started_at == result.last_attempted_at == attempt.claimed_at
     assert result.finished_at == Job.objects.get(pk=int(result.id)).finished_at
@@ -533,7 +535,8 @@ def test_a_worker_that_cannot_import_the_task_does_not_count_as_a_run(monkeypatc
     assert run.result == {"label": "deploy", "attempt": 1, "id": result.id}
     final = with_context.get_result(result.id)
     assert (final.status, final.attempts, final.errors) == (TaskResultStatus.SUCCESSFUL, 1, [])
-    assert Attempt.objects.filter(job_id=int(result.id)).count() == 2
+    assert [a.outcome for a in Job.objects.get(pk=int(result.id)).attempt_history()] == [
+        AttemptOutcome.FAILED, AttemptOutcome.SUCCEEDED]
     assert Job.objects.get(pk=int(result.id)).attempts == 1
 
 

@@ -42,7 +42,7 @@ from django_pgjobs.worker.running import RunningJobs
 from django_pgjobs.worker.settler import Settler, SettlerConfig
 from django_pgjobs.worker.slots import BatchRunner, Slot
 from testproject.chaos.models import Effect, Run
-from tests.conftest import wait_for
+from tests.conftest import ended_attempts, wait_for
 
 transactional = pytest.mark.django_db(transaction=True)
 
@@ -230,8 +230,7 @@ def test_an_async_handler_cannot_ask_for_a_process() -> None:
 
 
 def attempts_of(job_id: int) -> list[tuple[str, str]]:
-    return list(Attempt.objects.filter(job_id=job_id).order_by("id")
-                .values_list("outcome", "failure_class"))
+    return [(a.outcome, a.failure_class) for a in ended_attempts(job_id)]
 
 
 @pytest.mark.slow
@@ -570,11 +569,11 @@ def test_a_worker_stopped_inside_a_receipt_past_its_lease_commits_nothing(start_
     assert (worker_id, number) != ("stopped", 1)
     receipt = IdempotencyReceipt.objects.get(scope="chaos-effect", key="once")
     assert receipt.result == {"key": "once", "attempt": number}
-    writer = Attempt.objects.get(job_id=job.pk, number=number)
+    [writer] = [a for a in ended_attempts(job.pk) if a.number == number]
     assert writer.worker_id == worker_id
     assert writer.outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.LEASE_EXPIRED,
                               AttemptOutcome.LOST)
-    winner = Attempt.objects.get(job_id=job.pk, outcome=AttemptOutcome.SUCCEEDED)
+    [winner] = [a for a in ended_attempts(job.pk) if a.outcome == AttemptOutcome.SUCCEEDED]
     assert Job.objects.get(pk=job.pk).result == receipt.result
     assert winner.number >= number
 

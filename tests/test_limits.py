@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 import django_pgjobs
 from django_pgjobs import InvalidJobOption, InvalidLimitKey, Limit, sql
 from django_pgjobs.enqueuing import JobSpec
-from django_pgjobs.models import Attempt, Job, KeyLimit, KeySlot, OperatorAction, QueueState
+from django_pgjobs.models import Job, KeyLimit, KeySlot, OperatorAction, QueueState
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.retry import Decision
 from django_pgjobs.status import FailureClass, JobStatus, TerminalReason
@@ -37,7 +37,7 @@ from django_pgjobs.transitions import (
     settle,
     settle_and_claim,
 )
-from tests.conftest import succeeded, wait_for
+from tests.conftest import ended_attempts, succeeded, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -664,9 +664,10 @@ def test_workers_never_run_more_of_a_key_than_its_limit_and_a_killed_one_frees_i
     wait_for(lambda: Job.objects.filter(pk__in=[j.pk for j in jobs],
                                         status="succeeded").count() == 30, 60)
     by_key: dict[str, list[tuple[Any, Any]]] = {}
-    for key, claimed_at, finished_at in Attempt.objects.filter(
-            job__task="demo.export").values_list("job__limit_key", "claimed_at", "finished_at"):
-        by_key.setdefault(key, []).append((claimed_at, finished_at))
+    exports = Job.objects.filter(task="demo.export").values_list("pk", flat=True)
+    for attempt in ended_attempts(*exports):
+        by_key.setdefault(attempt.job.limit_key, []).append(
+            (attempt.claimed_at, attempt.finished_at))
     assert set(by_key) >= {"demo.export:c0", "demo.export:c1", "demo.export:c2",
                            "demo.export:hang"}
     assert {key: overlap(windows) for key, windows in by_key.items()} == dict.fromkeys(by_key, 1)

@@ -20,7 +20,7 @@ from django_pgjobs import InvalidJobOption, InvalidLimitKey, Limit, Rate, RateLi
 from django_pgjobs.context import JobContext
 from django_pgjobs.executor import execute
 from django_pgjobs.maintenance import RateStep, Step
-from django_pgjobs.models import Attempt, Job, KeyRate, KeySlot
+from django_pgjobs.models import Job, KeyRate, KeySlot
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.stats import key_limits
 from django_pgjobs.transitions import (
@@ -31,7 +31,7 @@ from django_pgjobs.transitions import (
     settle,
     start_rate_heads,
 )
-from tests.conftest import succeeded, wait_for
+from tests.conftest import ended_attempts, succeeded, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -438,14 +438,12 @@ def test_workers_keep_a_keys_rate_and_other_keys_run_beside_it(start_worker) -> 
     for n in range(3):
         start_worker("--worker-id", f"w{n}", "--concurrency", "4", "--poll-interval", "1")
     wait_for(lambda: Job.objects.filter(status="succeeded").count() == 70, 60)
-    starts = list(Attempt.objects.filter(job__in=[j.pk for j in hot]).values_list(
-        "claimed_at", flat=True))
+    starts = [a.claimed_at for a in ended_attempts(*(j.pk for j in hot))]
     assert len(starts) == 30
     assert gcra_violations([(s, 1) for s in starts], 0.05, 1) == []
     # The 40 other keys did not queue behind the hot one: all of them started before the hot
     # key's last start (it needs 30 x 50 ms).
-    assert max(Attempt.objects.filter(job__in=[j.pk for j in cold]).values_list(
-        "claimed_at", flat=True)) < max(starts)
+    assert max(a.claimed_at for a in ended_attempts(*(j.pk for j in cold))) < max(starts)
 
 
 

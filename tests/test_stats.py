@@ -11,7 +11,9 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_pgjobs import sql, stats
+from django_pgjobs import fit, sql, stats, transitions
+from django_pgjobs.models import Attempt
+from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import AttemptOutcome, JobStatus
 from django_pgjobs.transitions import database_now
 from tests.conftest import plan_nodes
@@ -149,6 +151,22 @@ def test_pickup_latency_measures_due_to_first_claim_and_skips_moved_run_at() -> 
     assert mail.max == pytest.approx(100)
 
 
+def test_a_success_with_no_attempt_row_counts_in_every_attempt_figure() -> None:
+    """An attempt that succeeds has no row: its job stands for it in the attempt figures."""
+    JobFactory.create_batch(2, queue="mail", task="tests.ok")
+    claimed = transitions.claim_jobs("w1", "mail", 2)
+    transitions.settle([Outcome.succeeded(c, "null", duration_ms=ms)
+                        for c, ms in zip(claimed, (10, 30), strict=True)])
+    assert not Attempt.objects.exists()
+
+    assert stats.attempt_distribution() == [stats.AttemptBucket(1, 2)]
+    assert stats.handler_latency() == [stats.Latency("tests.ok", 2, 20, 29, 30)]
+    [mail] = stats.pickup_latency()
+    assert (mail.key, mail.samples) == ("mail", 2)
+    assert fit.measure(sample_seconds=0).claims_per_second * fit.CLAIM_WINDOW_SECONDS == (
+        pytest.approx(2))
+
+
 def test_lease_health_counts_expired_and_expiring_leases() -> None:
     now = database_now()
     JobFactory.create_batch(2, running=True, lease_expires_at=now - timedelta(seconds=60))
@@ -242,7 +260,7 @@ STATS_QUERIES: dict[str, list[Any] | dict[str, Any]] = {
     "stats_queue_counts": [86400],
     "stats_oldest_ready": [],
     "stats_attempt_numbers": {"window": 3600, "cap": 10000},
-    "stats_handler_latency": [3600, 10000],
+    "stats_handler_latency": {"window": 3600, "cap": 10000},
     "stats_pickup_latency": {"window": 3600, "cap": 10000},
     "stats_leases": [10.0],
     "stats_failures": [86400],
@@ -275,9 +293,12 @@ def test_every_stats_query_reads_indexes_not_history() -> None:
     assert "pgjobs_job_claim_idx" in indexes["stats_oldest_ready"]
     assert "pgjobs_job_finished_idx" in indexes["stats_throughput"]
     assert "pgjobs_job_lease_idx" in indexes["stats_leases"]
-    assert "pgjobs_attempt_claimed_idx" in indexes["stats_handler_latency"]
+    # Successes, which have no attempt row, come from the finished index.
+    assert {"pgjobs_attempt_claimed_idx",
+            "pgjobs_job_finished_idx"} <= indexes["stats_handler_latency"]
     for running_too in ("stats_attempt_numbers", "stats_pickup_latency"):
-        assert {"pgjobs_attempt_claimed_idx", "pgjobs_job_lease_idx"} <= indexes[running_too]
+        assert {"pgjobs_attempt_claimed_idx", "pgjobs_job_lease_idx",
+                "pgjobs_job_finished_idx"} <= indexes[running_too]
     assert "pgjobs_attempt_failed_idx" in indexes["stats_failures"]
     assert "pgjobs_attempt_failed_idx" in indexes["stats_error_groups"]
     assert {"pgjobs_job_claim_idx", "pgjobs_job_lease_idx", "pgjobs_job_due_idx",

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 import django_pgjobs
 from django_pgjobs import retry, testing
-from django_pgjobs.models import Attempt, Job
+from django_pgjobs.models import Job
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
 from django_pgjobs.testing import ANY, JobFailed, assert_enqueued, drain, refute_enqueued
 from django_pgjobs.transitions import promote_jobs_due_by
@@ -150,7 +150,7 @@ def test_drain_runs_a_due_job_through_claim_execute_and_settle() -> None:
     stored = Job.objects.get(pk=job.pk)
     assert (stored.status, stored.result, stored.attempts) == (
         JobStatus.SUCCEEDED, {"echo": {"a": 1}}, 1)
-    attempt = Attempt.objects.get(job_id=job.pk)
+    [attempt] = stored.attempt_history()
     assert (attempt.worker_id, attempt.outcome) == (testing.WORKER_ID, AttemptOutcome.SUCCEEDED)
     # Inside the test's transaction the times are still in order (the statements' clock).
     assert stored.created_at <= attempt.claimed_at <= attempt.finished_at == stored.finished_at

@@ -124,11 +124,10 @@ def test_settle_applies_under_the_lease_in_one_statement() -> None:
     for c in claimed:
         job = Job.objects.get(pk=c.id)
         assert (job.status, job.lease_token, job.lease_owner, job.lease_expires_at) == (
-            JobStatus.SUCCEEDED, None, None, None)
+            JobStatus.SUCCEEDED, None, "w1", None)
         assert job.result == {"ok": True} and job.finished_at is not None
-        attempt = Attempt.objects.get(lease_token=c.lease_token)
-        assert attempt.outcome == attempt.reported_outcome == AttemptOutcome.SUCCEEDED
-        assert attempt.duration_ms == 1 and attempt.finished_at is not None
+        assert job.duration_ms == 1
+    assert not Attempt.objects.exists()
 
 
 def test_inside_a_long_transaction_settle_and_heartbeat_use_the_statements_clock() -> None:
@@ -142,7 +141,8 @@ def test_inside_a_long_transaction_settle_and_heartbeat_use_the_statements_clock
     assert Job.objects.get(pk=second.id).lease_expires_at > second.lease_expires_at
     assert settle([succeeded(first)]) == {first.lease_token: True}
     job = Job.objects.get(pk=first.id)
-    attempt = Attempt.objects.get(lease_token=first.lease_token)
+    attempt = job.success_attempt()
+    assert attempt is not None and not Attempt.objects.exists()
     assert job.finished_at is not None and attempt.finished_at is not None
     assert job.finished_at > job.started_at and attempt.finished_at > attempt.claimed_at
 
@@ -203,7 +203,8 @@ def test_a_settlement_rides_with_the_next_claim_in_one_message_and_one_transacti
     assert len(statements(queries)) == 1  # the settle and the claim, one message
     assert {j.status for j in Job.objects.filter(pk__in=[c.id for c in held])} == {
         JobStatus.SUCCEEDED}
-    assert Attempt.objects.filter(outcome=AttemptOutcome.SUCCEEDED).count() == 2
+    assert [j.success_attempt() is not None
+            for j in Job.objects.filter(pk__in=[c.id for c in held])] == [True, True]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -240,16 +241,18 @@ def test_with_server_side_binding_the_settlement_and_claim_are_two_statements() 
 
 
 def test_settle_writes_the_attempt_row_once_with_the_claims_facts() -> None:
-    JobFactory()
+    JobFactory(max_attempts=3)
     [c] = claim_jobs("w1", "default", 1)
     claimed_at = Job.objects.get(pk=c.id).claimed_at
-    assert settle([succeeded(c)]) == {c.lease_token: True}
+    failure = _failed(c, FailureClass.TRANSIENT, "boom")
+    assert settle([failure]) == {c.lease_token: True}
     attempt = Attempt.objects.get()
     assert (attempt.job_id, attempt.number, attempt.worker_id, attempt.claimed_at,
-            attempt.outcome) == (c.id, 1, "w1", claimed_at, AttemptOutcome.SUCCEEDED)
+            attempt.outcome) == (c.id, 1, "w1", claimed_at, AttemptOutcome.FAILED)
     # Sent again (its reply was lost after the commit): nothing changes, and it is not applied.
-    assert settle([succeeded(c)]) == {c.lease_token: False}
-    assert Attempt.objects.get().outcome == AttemptOutcome.SUCCEEDED
+    assert settle([failure]) == {c.lease_token: False}
+    assert Attempt.objects.get().outcome == AttemptOutcome.FAILED
+    assert Job.objects.get(pk=c.id).status == JobStatus.RETRYING
     with pytest.raises(ValueError, match="reports one lease twice"):
         settle([succeeded(c), succeeded(c)])
 
@@ -262,13 +265,67 @@ def test_settle_completes_a_running_attempt_row_an_earlier_version_wrote_at_clai
                                outcome=AttemptOutcome.RUNNING)
     expire_lease(second.id)
     rescue_expired_leases(10)
-    assert settle([succeeded(first),
+    assert settle([_failed(first, FailureClass.TRANSIENT, "boom"),
                    succeeded(second)]) == {
         first.lease_token: True, second.lease_token: False}
     outcomes = dict(Attempt.objects.values_list("lease_token", "outcome"))
-    assert outcomes == {first.lease_token: AttemptOutcome.SUCCEEDED,
+    assert outcomes == {first.lease_token: AttemptOutcome.FAILED,
                         second.lease_token: AttemptOutcome.LEASE_EXPIRED}
     assert Attempt.objects.count() == 2
+
+
+def attempt_rows_inserted() -> int:
+    """Rows inserted into pgjobs_attempt so far in this transaction, by the server's count."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_get_xact_tuples_inserted('pgjobs_attempt'::regclass)")
+        return cursor.fetchone()[0]
+
+
+def test_a_success_writes_no_attempt_row_and_its_job_keeps_the_attempt() -> None:
+    JobFactory.create_batch(2, max_attempts=3)
+    won, failed = claim_jobs("w1", "default", 2)
+    claimed_at = Job.objects.get(pk=won.id).claimed_at
+    before = attempt_rows_inserted()
+    assert settle([replace(succeeded(won), duration_ms=42),
+                   _failed(failed, FailureClass.TRANSIENT, "boom")]) == {
+        won.lease_token: True, failed.lease_token: True}
+    # One row written, the failure's: the success is kept on its job.
+    assert attempt_rows_inserted() - before == 1
+    assert list(Attempt.objects.values_list("job_id", "outcome")) == [
+        (failed.id, AttemptOutcome.FAILED)]
+    job = Job.objects.get(pk=won.id)
+    assert (job.status, job.lease_owner, job.lease_token, job.claimed_at, job.duration_ms) == (
+        JobStatus.SUCCEEDED, "w1", None, claimed_at, 42)
+    attempt = job.success_attempt()
+    assert attempt is not None and attempt.pk is None
+    assert (attempt.job_id, attempt.number, attempt.worker_id, attempt.claimed_at,
+            attempt.finished_at, attempt.outcome, attempt.reported_outcome,
+            attempt.duration_ms) == (won.id, 1, "w1", claimed_at, job.finished_at,
+                                     AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED, 42)
+    # Sent again (its reply was lost after the commit): not applied, and no row is written.
+    assert settle([replace(succeeded(won), duration_ms=42)]) == {won.lease_token: False}
+    assert not Attempt.objects.filter(job_id=won.id).exists()
+    # A job that has not succeeded keeps no worker and no success.
+    retrying = Job.objects.get(pk=failed.id)
+    assert (retrying.status, retrying.lease_owner, retrying.duration_ms) == (
+        JobStatus.RETRYING, None, None)
+    assert retrying.success_attempt() is None
+
+
+def test_a_success_after_a_failure_is_the_second_attempt_kept_on_its_job() -> None:
+    JobFactory(max_attempts=3)
+    [first] = claim_jobs("w1", "default", 1)
+    settle([_failed(first, FailureClass.TRANSIENT, "boom")])
+    Job.objects.filter(pk=first.id).update(status=JobStatus.READY)
+    [second] = claim_jobs("w2", "default", 1)
+    assert settle([succeeded(second)]) == {second.lease_token: True}
+    job = Job.objects.get(pk=first.id)
+    attempt = job.success_attempt()
+    assert attempt is not None
+    assert (attempt.number, attempt.worker_id, attempt.outcome) == (
+        2, "w2", AttemptOutcome.SUCCEEDED)
+    assert list(Attempt.objects.values_list("number", "worker_id", "outcome")) == [
+        (1, "w1", AttemptOutcome.FAILED)]
 
 
 def test_heartbeat_extends_only_the_current_lease_and_reports_cancel_requests() -> None:

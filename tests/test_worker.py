@@ -21,7 +21,7 @@ from django_pgjobs.worker.core import ABANDONED_THREADS_PER_EXECUTOR
 from django_pgjobs.worker.isolation import ChildProcess
 from testproject.demo.models import LedgerEntry
 from tests import handlers
-from tests.conftest import run_in_thread, wait_for
+from tests.conftest import ended_attempts, run_in_thread, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,16 +160,14 @@ def test_a_handler_hanging_past_its_lease_is_abandoned_and_the_worker_goes_on() 
     worker.stop()
     thread.join(10)
     # The rescue's record of the first attempt stands; its late success is kept beside it.
-    outcomes = list(Attempt.objects.filter(job_id=hung.pk).order_by("id")
-                    .values_list("outcome", "reported_outcome"))
+    outcomes = [(a.outcome, a.reported_outcome) for a in ended_attempts(hung.pk)]
     assert outcomes == [(AttemptOutcome.LEASE_EXPIRED, AttemptOutcome.SUCCEEDED),
                         (AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED)]
     assert Job.objects.get(pk=hung.pk).result == "second attempt"
 
 
 def outcomes_of(job_id: int) -> list[str]:
-    return list(Attempt.objects.filter(job_id=job_id).order_by("id")
-                .values_list("outcome", flat=True))
+    return [a.outcome for a in Job.objects.get(pk=job_id).attempt_history()]
 
 
 @pytest.mark.slow
@@ -323,11 +321,11 @@ def test_settling_the_same_report_twice_keeps_the_first_record() -> None:
     report = Outcome.succeeded(c, '"once"', 1)
     assert settle([report]) == {c.lease_token: True}
     # Sent again, as after a reply lost with the connection: nothing changes.
-    settle([report])
-    attempt = Attempt.objects.get(lease_token=c.lease_token)
-    assert (attempt.outcome, attempt.reported_outcome) == (
-        AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED)
-    assert Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED
+    assert settle([report]) == {c.lease_token: False}
+    stored = Job.objects.get(pk=job.pk)
+    assert [(a.outcome, a.reported_outcome) for a in stored.attempt_history()] == [
+        (AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED)]
+    assert (stored.status, stored.result) == (JobStatus.SUCCEEDED, "once")
 
 
 def test_while_the_database_is_unreachable_claimed_jobs_are_released_not_run() -> None:

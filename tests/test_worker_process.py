@@ -17,7 +17,7 @@ from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus
 from testproject.demo.models import LedgerEntry
-from tests.conftest import MANAGE, ROOT, wait_for, worker_env
+from tests.conftest import MANAGE, ROOT, ended_attempts, wait_for, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -33,8 +33,7 @@ def test_a_job_whose_worker_is_killed_mid_job_is_completed_by_another_worker(sta
     wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED, 60)
     rescuer.signal(signal.SIGTERM)
     assert rescuer.wait(30) == 0
-    attempts = list(Attempt.objects.filter(job_id=job.pk).order_by("id")
-                    .values_list("worker_id", "outcome", "failure_class"))
+    attempts = [(a.worker_id, a.outcome, a.failure_class) for a in ended_attempts(job.pk)]
     assert attempts == [
         ("doomed", AttemptOutcome.LEASE_EXPIRED, FailureClass.LEASE_EXPIRED),
         ("rescuer", AttemptOutcome.SUCCEEDED, ""),

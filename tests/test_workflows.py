@@ -477,9 +477,9 @@ def test_the_prune_deletes_a_workflows_edges_with_either_of_their_jobs() -> None
     assert Dependency.objects.count() == 2
     Job.objects.update(finished_at=Job.objects.get(pk=jobs[0].pk).created_at
                        - timedelta(days=30))
-    # Only the succeeded ones go: the edge between them goes with them; the dead job and the
-    # job cancelled for it stay, and so does their edge.
-    assert delete_finished_jobs("succeeded", 60, 100) == (2, 2)
+    # Only the succeeded ones go (their successes had no attempt rows): the edge between them
+    # goes with them; the dead job and the job cancelled for it stay, and so does their edge.
+    assert delete_finished_jobs("succeeded", 60, 100) == (2, 0)
     assert list(Dependency.objects.values_list("job_id", "upstream_id")) == [
         (jobs[3].pk, jobs[2].pk)]
     # A dead upstream pruned alone takes the edge with it; the dependent stays as it ended.

@@ -101,7 +101,8 @@ def pickup(samples: int) -> dict[str, Any]:
 
 
 def _copy_finished(template_id: int, rows: int) -> None:
-    """Add ``rows`` finished jobs (and their attempts) copied from a real finished job.
+    """Add ``rows`` finished jobs (and their attempt rows, which a success has none of) copied
+    from a real finished job.
 
     Copying every column but the keys keeps this right when the schema gains columns.
     """

@@ -181,9 +181,10 @@ class JobAdmin(TimeColumns, ReadOnlyAdmin):
                                            "deadline_shown", "created_at_shown",
                                            "started_at_shown", "finished_at_shown",
                                            "updated_at_shown")}),
-        # A running attempt's record until it ends (the inline lists the attempts that ended).
-        ("Lease", {"fields": ("lease_owner", "lease_token", "claimed_at_shown", "lease_seconds",
-                              "lease_expires_at_shown", "heartbeat_at_shown",
+        # A running attempt's record until it ends, and a succeeded one's for good: a success
+        # has no attempt row (the inline lists the attempts that ended otherwise).
+        ("Lease", {"fields": ("lease_owner", "lease_token", "claimed_at_shown", "duration_ms",
+                              "lease_seconds", "lease_expires_at_shown", "heartbeat_at_shown",
                               "cancel_requested_at_shown")}),
         ("Identity", {"fields": ("idempotency_key", "trace_id", "fairness_key", "schedule_link",
                                  "scheduled_at_shown", "receipts_shown")}),

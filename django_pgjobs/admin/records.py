@@ -23,7 +23,9 @@ class EndedOutcomeFilter(admin.ChoicesFieldListFilter):
     """The outcomes an attempt row can have: not ``running``, which no row ever holds.
 
     An attempt's row is written by the statement that ends it; a running attempt is the job's
-    lease (the job list's ``running`` status).
+    lease (the job list's ``running`` status). An attempt that succeeds has no row at all (its
+    job keeps it: the job list's ``succeeded`` status); ``succeeded`` rows are those written
+    before that was so.
     """
 
     def choices(self, changelist: ChangeList) -> Any:

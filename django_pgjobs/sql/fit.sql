@@ -1,6 +1,13 @@
 -- name: fit_claims
--- Claims in the window, counted from the claimed_at index alone.
-SELECT count(*) FROM pgjobs_attempt WHERE claimed_at >= now() - make_interval(secs => %s)
+-- Claims in the window that have ended: the attempt rows, from the claimed_at index alone, and
+-- the successes, which have no row and are their jobs (lease_owner is kept only on those), from
+-- the finished index.
+SELECT (SELECT count(*) FROM pgjobs_attempt
+        WHERE claimed_at >= now() - make_interval(secs => %(window)s))
+     + (SELECT count(*) FROM pgjobs_job
+        WHERE status = 'succeeded' AND finished_at >= now() - make_interval(secs => %(window)s)
+          AND lease_owner IS NOT NULL
+          AND claimed_at >= now() - make_interval(secs => %(window)s))
 
 -- name: fit_max_job_id
 SELECT COALESCE(max(id), 0) FROM pgjobs_job

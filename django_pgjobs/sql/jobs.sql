@@ -1,5 +1,6 @@
 -- Every statement that writes pgjobs_job, and pgjobs_attempt, whose rows are written only with
--- their job's: the settle inserts an attempt's row as it ends the attempt, the prune deletes them
+-- their job's: the settle inserts the row of an attempt it ends other than by success (the job
+-- row keeps a success), the prune deletes them
 -- with their job. transitions.py runs each of them, from the INSERT that creates jobs in their
 -- caller's transaction (enqueue checks them first) to the prune.
 
@@ -152,7 +153,10 @@ WITH claim AS (
         attempts = j.attempts - CASE WHEN r.counted OR j.cancel_requested_at IS NOT NULL
                                      THEN 0 ELSE 1 END,
         snoozes = j.snoozes + CASE WHEN r.adds_snooze THEN 1 ELSE 0 END,
-        lease_owner = NULL,
+        -- A success writes no attempt row: the job keeps that attempt's facts (its worker, its
+        -- claimed_at and finished_at, its handler's time). Any other outcome has a row.
+        lease_owner = CASE WHEN r.status = 'succeeded' THEN j.lease_owner END,
+        duration_ms = CASE WHEN r.status = 'succeeded' THEN r.duration_ms END,
         lease_token = NULL,
         lease_expires_at = NULL,
         failure_class = CASE WHEN r.failure_class = '' THEN j.failure_class
@@ -178,9 +182,12 @@ WITH claim AS (
       AND j.lease_token = r.lease_token
     RETURNING r.lease_token, j.status, j.claimed_at, j.finished_at
 ), written AS (
-    -- Each attempt's row is written here, once, now that its outcome is known. Matched on the
-    -- token, not the job: one batch can hold a stale report and the winning report for the
-    -- same job (a handler ran past its lease and the retry finished before the flush).
+    -- Each attempt's row is written here, once, now that its outcome is known, except the
+    -- row of an attempt that succeeded: its job row holds that attempt (see the SET above).
+    -- Most attempts succeed, and this row and its four index entries were a third of the
+    -- tuples and WAL a drained job cost. Matched on the token, not the job: one batch can
+    -- hold a stale report and the winning report for the same job (a handler ran past its
+    -- lease and the retry finished before the flush).
     INSERT INTO pgjobs_attempt AS a (job_id, number, worker_id, lease_token, claimed_at,
                                      finished_at, outcome, reported_outcome, failure_class, error,
                                      traceback, duration_ms)
@@ -197,10 +204,15 @@ WITH claim AS (
     FROM reported AS r
     LEFT JOIN settled AS s ON s.lease_token = r.lease_token
     -- A late report about a job that is gone (pruned) has nothing left to be recorded against.
-    -- A scalar subquery, not EXISTS: it probes the primary key for that report alone, where
-    -- EXISTS may be planned as a hash of every job id.
-    WHERE s.lease_token IS NOT NULL
-       OR (SELECT true FROM pgjobs_job AS g WHERE g.id = r.job_id)
+    -- Nor has the success that won, sent again (its reply was lost after the commit): its job
+    -- holds it, by worker and number, and no other attempt of the job has both (a hand-back
+    -- that reuses the number has its own row, which the conflict below finds). A scalar
+    -- subquery, not EXISTS: it probes the primary key for that report alone, where EXISTS may
+    -- be planned as a hash of every job id.
+    WHERE CASE WHEN s.lease_token IS NOT NULL THEN s.status <> 'succeeded'
+               ELSE (SELECT NOT (g.status = 'succeeded' AND r.attempt_outcome = 'succeeded'
+                                 AND g.lease_owner = r.worker_id AND g.attempts = r.attempt)
+                     FROM pgjobs_job AS g WHERE g.id = r.job_id) END
     -- The token has a row already when its attempt ended without its holder: the rescue step
     -- took it over (lease expired), or the worker did (timed out, cancelled). That row is the
     -- attempt's history and stays as it is; the holder's late report is recorded beside it, in

@@ -62,13 +62,20 @@ GROUP BY queue
 
 -- name: stats_attempt_numbers
 -- The most recent claims in the window, newest first along the claimed_at index, capped so a
--- busy hour costs the same as a quiet one. Running attempts have no row yet: they are the
--- running jobs (a few, through the lease index).
+-- busy hour costs the same as a quiet one. Two kinds of attempt have no row: a success is its
+-- job (newest first along the finished index; lease_owner is kept only on such a job), and a
+-- running attempt is its job too (a few, through the lease index).
 SELECT number, count(*)
 FROM (
     (SELECT number FROM pgjobs_attempt
      WHERE claimed_at >= now() - make_interval(secs => %(window)s)
      ORDER BY claimed_at DESC
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT attempts FROM pgjobs_job
+     WHERE status = 'succeeded' AND finished_at >= now() - make_interval(secs => %(window)s)
+       AND lease_owner IS NOT NULL AND claimed_at >= now() - make_interval(secs => %(window)s)
+     ORDER BY finished_at DESC
      LIMIT %(cap)s)
     UNION ALL
     SELECT attempts FROM pgjobs_job
@@ -78,11 +85,20 @@ GROUP BY number
 ORDER BY number
 
 -- name: stats_handler_latency
+-- The attempts that ended in the window: those with a row, and the successes, which are their
+-- jobs (see stats_attempt_numbers).
 WITH recent AS (
-    SELECT job_id, duration_ms FROM pgjobs_attempt
-    WHERE claimed_at >= now() - make_interval(secs => %s) AND duration_ms IS NOT NULL
-    ORDER BY claimed_at DESC
-    LIMIT %s
+    (SELECT job_id, duration_ms FROM pgjobs_attempt
+     WHERE claimed_at >= now() - make_interval(secs => %(window)s) AND duration_ms IS NOT NULL
+     ORDER BY claimed_at DESC
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT id, duration_ms FROM pgjobs_job
+     WHERE status = 'succeeded' AND finished_at >= now() - make_interval(secs => %(window)s)
+       AND lease_owner IS NOT NULL AND duration_ms IS NOT NULL
+       AND claimed_at >= now() - make_interval(secs => %(window)s)
+     ORDER BY finished_at DESC
+     LIMIT %(cap)s)
 )
 SELECT j.task, count(*),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY r.duration_ms),
@@ -100,6 +116,14 @@ WITH recent AS (
     (SELECT job_id, claimed_at FROM pgjobs_attempt
      WHERE claimed_at >= now() - make_interval(secs => %(window)s) AND number = 1
      ORDER BY claimed_at DESC
+     LIMIT %(cap)s)
+    UNION ALL
+    -- First attempts that succeeded: their jobs (see stats_attempt_numbers).
+    (SELECT id, claimed_at FROM pgjobs_job
+     WHERE status = 'succeeded' AND finished_at >= now() - make_interval(secs => %(window)s)
+       AND lease_owner IS NOT NULL AND attempts = 1
+       AND claimed_at >= now() - make_interval(secs => %(window)s)
+     ORDER BY finished_at DESC
      LIMIT %(cap)s)
     UNION ALL
     SELECT id, claimed_at FROM pgjobs_job

@@ -409,13 +409,18 @@ def _wait_old_transactions(primary: Any, timeout: float = 30.0) -> None:
 def _each_worker_settled(server: Any, worker_ids: list[str], promoted_wall: float,
                          switched: float, timeout: float = 30.0) -> dict[str, float | None]:
     """For each worker, seconds from the switch to its first attempt settled on the new primary
-    (an attempt row is written by the settlement; none is written there before the promotion)."""
+    (an attempt row is written by the settlement, or, for a success, the job keeps the worker;
+    none of either is written there before the promotion)."""
     found: dict[str, float | None] = dict.fromkeys(worker_ids)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(v is None for v in found.values()):
         with _connect(server) as conn:
-            rows = conn.execute("SELECT DISTINCT worker_id FROM pgjobs_attempt "
-                                "WHERE finished_at > to_timestamp(%s)", [promoted_wall])
+            rows = conn.execute("SELECT worker_id FROM pgjobs_attempt "
+                                "WHERE finished_at > to_timestamp(%s) "
+                                "UNION SELECT lease_owner FROM pgjobs_job "
+                                "WHERE status = 'succeeded' AND lease_owner IS NOT NULL "
+                                "AND finished_at > to_timestamp(%s)",
+                                [promoted_wall, promoted_wall])
             for (worker_id,) in rows.fetchall():
                 if worker_id in found and found[worker_id] is None:
                     found[worker_id] = round(time.monotonic() - switched, 2)

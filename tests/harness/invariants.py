@@ -102,6 +102,10 @@ class Snapshot:
                     job=job, number=job.attempts, worker_id=job.lease_owner,
                     lease_token=job.lease_token, claimed_at=job.claimed_at,
                     outcome=AttemptOutcome.RUNNING))
+            # Nor has a success, ever: the job keeps it, with no lease token.
+            success = job.success_attempt()
+            if success is not None:
+                attempts[job.pk].append(success)
         runs: dict[int, list[Run]] = defaultdict(list)
         for run in Run.objects.order_by("started_at", "id"):
             runs[run.job_id].append(run)
@@ -208,8 +212,15 @@ def runs_never_overlap(snap: Snapshot) -> Check:
             continue
         by_token = {a.lease_token: a for a in snap.attempts.get(job_id, [])}
         windows = []
+        success = job.success_attempt()
         for run in runs:
             attempt = by_token.get(run.lease_token)
+            if attempt is None and success is not None and (
+                    run.attempt, run.worker_id) == (success.number, success.worker_id):
+                # A run whose attempt has no row: the success, which its job keeps. An attempt
+                # with a row of the same number and worker (released, then claimed again) has
+                # its own token.
+                attempt = success
             if attempt is None:
                 problems.append(f"job {job_id}: run by {run.worker_id} has no attempt row")
                 continue

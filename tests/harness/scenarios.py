@@ -19,7 +19,7 @@ from django_pgjobs import schedules, transitions
 from django_pgjobs.conf import settings
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.models import Attempt, Job, Schedule
-from django_pgjobs.status import AttemptOutcome, JobStatus
+from django_pgjobs.status import JobStatus
 from django_pgjobs.workflows import After
 from testproject.chaos.models import Effect, Run
 from tests.harness import db
@@ -82,8 +82,9 @@ def job_status(job_id: int) -> str:
 
 
 def worker_finished_a_job_since(worker_id: str, since: Any) -> bool:
-    return db.retrying(lambda: Attempt.objects.filter(
-        worker_id=worker_id, claimed_at__gt=since, outcome=AttemptOutcome.SUCCEEDED
+    # A success has no attempt row: its job keeps its worker (Job.success_attempt).
+    return db.retrying(lambda: Job.objects.filter(
+        lease_owner=worker_id, claimed_at__gt=since, status=JobStatus.SUCCEEDED
     ).exists())
 
 

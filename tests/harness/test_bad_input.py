@@ -12,10 +12,10 @@ import pytest
 
 import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
-from django_pgjobs.models import Attempt, Job
+from django_pgjobs.models import Job
 from django_pgjobs.status import AttemptOutcome, FailureClass, JobStatus, TerminalReason
 from testproject.chaos.models import Run
-from tests.conftest import wait_for
+from tests.conftest import ended_attempts, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -70,13 +70,13 @@ def test_a_misbehaving_handler_gets_a_recorded_outcome_and_the_worker_goes_on(
         JobStatus.DEAD, reason, failure_class)
     assert stored.attempts == len(outcomes)
     assert error in stored.last_error
-    attempts = list(Attempt.objects.filter(job_id=bad.pk).order_by("id"))
+    attempts = ended_attempts(bad.pk)
     assert [a.outcome for a in attempts] == outcomes
     assert all(error in a.error for a in attempts)
     assert Run.objects.filter(job_id=bad.pk).count() == len(outcomes)
     # The same process ran the ordinary jobs queued behind the bad one.
-    assert set(Attempt.objects.filter(job_id__in=followers).values_list(
-        "worker_id", "outcome")) == {("bad-input", AttemptOutcome.SUCCEEDED)}
+    assert {(a.worker_id, a.outcome) for a in ended_attempts(*followers)} == {
+        ("bad-input", AttemptOutcome.SUCCEEDED)}
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output()
 
@@ -100,11 +100,10 @@ def test_a_handler_hanging_past_twice_its_lease_is_abandoned_and_the_worker_goes
     first, second = Run.objects.filter(job_id=hung.pk).order_by("id")
     assert (first.attempt, first.finished_at) == (1, None)  # still hanging
     assert (second.attempt, second.finished_at is not None) == (2, True)
-    assert list(Attempt.objects.filter(job_id=hung.pk).order_by("id").values_list(
-        "worker_id", "outcome", "failure_class")) == [
+    assert [(a.worker_id, a.outcome, a.failure_class) for a in ended_attempts(hung.pk)] == [
         ("hang", AttemptOutcome.LEASE_EXPIRED, FailureClass.LEASE_EXPIRED),
         ("hang", AttemptOutcome.SUCCEEDED, ""),
     ]
     assert Job.objects.get(pk=hung.pk).result == {"attempt": 2}
-    assert set(Attempt.objects.filter(job_id__in=followers).values_list(
-        "worker_id", "outcome")) == {("hang", AttemptOutcome.SUCCEEDED)}
+    assert {(a.worker_id, a.outcome) for a in ended_attempts(*followers)} == {
+        ("hang", AttemptOutcome.SUCCEEDED)}

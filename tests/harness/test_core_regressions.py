@@ -10,7 +10,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 import django_pgjobs
-from django_pgjobs.models import Attempt, Job
+from django_pgjobs.models import Job
 from django_pgjobs.status import AttemptOutcome, JobStatus
 from django_pgjobs.transitions import (
     claim_jobs,
@@ -21,7 +21,7 @@ from django_pgjobs.transitions import (
 from django_pgjobs.worker import Worker
 from django_pgjobs.worker import settler as settler_module
 from testproject.chaos.models import Run
-from tests.conftest import succeeded, wait_for
+from tests.conftest import ended_attempts, succeeded, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,12 +40,11 @@ def test_a_stale_report_settled_in_one_batch_with_the_winning_one_changes_nothin
     won = settle([succeeded(stale, '"stale"'), succeeded(current, '"current"')])
 
     assert won == {stale.lease_token: False, current.lease_token: True}
-    assert list(Attempt.objects.filter(job_id=job.pk).order_by("id").values_list(
-        "worker_id", "outcome", "reported_outcome")) == [
+    stored = Job.objects.get(pk=job.pk)
+    assert [(a.worker_id, a.outcome, a.reported_outcome) for a in stored.attempt_history()] == [
         ("slow-worker", AttemptOutcome.LEASE_EXPIRED, AttemptOutcome.SUCCEEDED),
         ("fast-worker", AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED),
     ]
-    stored = Job.objects.get(pk=job.pk)
     assert (stored.status, stored.result) == (JobStatus.SUCCEEDED, "current")
 
 
@@ -85,9 +84,8 @@ def test_jobs_after_a_lost_connection_in_the_same_batch_run_on_a_fresh_one(start
         assert cursor.fetchone()[0] >= 2  # the executor's and the settler's
     wait_for(lambda: Job.objects.filter(pk__in=[held.pk, *followers],
                                         status=JobStatus.SUCCEEDED).count() == 4, 30)
-    assert list(Attempt.objects.filter(job_id=held.pk).order_by("id").values_list(
-        "outcome", "failure_class")) == [(AttemptOutcome.FAILED, "transient"),
-                                         (AttemptOutcome.SUCCEEDED, "")]
-    assert list(Attempt.objects.filter(job_id__in=followers).values_list(
-        "number", "outcome")) == [(1, AttemptOutcome.SUCCEEDED)] * 3
+    assert [(a.outcome, a.failure_class) for a in ended_attempts(held.pk)] == [
+        (AttemptOutcome.FAILED, "transient"), (AttemptOutcome.SUCCEEDED, "")]
+    assert [(a.number, a.outcome) for a in ended_attempts(*followers)] == [
+        (1, AttemptOutcome.SUCCEEDED)] * 3
     assert worker.proc.poll() is None, worker.output()

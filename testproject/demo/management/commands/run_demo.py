@@ -188,6 +188,10 @@ class Command(BaseCommand):
         for status in JobStatus:
             out(f"  {status.value:<10} {by_status.get(status.value, 0):>6}")
         attempts = dict(Attempt.objects.values_list("outcome").annotate(n=Count("id")))
+        # A success has no attempt row: its job keeps it (Job.success_attempt).
+        attempts[AttemptOutcome.SUCCEEDED.value] = attempts.get(
+            AttemptOutcome.SUCCEEDED.value, 0) + Job.objects.filter(
+            status=JobStatus.SUCCEEDED, lease_owner__isnull=False).count()
         out("attempts by outcome:")
         for outcome in AttemptOutcome:
             if attempts.get(outcome.value):
@@ -206,8 +210,11 @@ class Command(BaseCommand):
             f"{IdempotencyReceipt.objects.count()} receipts, {duplicate_charges} duplicate "
             "charges (receipted)")
         out(f"unreceipted side effects repeated by at-least-once delivery: {duplicate_work}")
-        exports = (Attempt.objects.filter(job__task="demo.export")
-                   .values_list("job__limit_key", "claimed_at", "finished_at"))
+        exports = [*Attempt.objects.filter(job__task="demo.export")
+                   .values_list("job__limit_key", "claimed_at", "finished_at"),
+                   *Job.objects.filter(task="demo.export", status=JobStatus.SUCCEEDED,
+                                       lease_owner__isnull=False)
+                   .values_list("limit_key", "claimed_at", "finished_at")]
         windows: dict[str, list[tuple[Any, Any]]] = {}
         for key, claimed_at, finished_at in exports:
             windows.setdefault(key, []).append((claimed_at, finished_at))
@@ -237,10 +244,11 @@ class Command(BaseCommand):
         had ended (first claim against their finish, both by the database clock)."""
         early = 0
         waited = 0
-        for job_id, upstream_finished in Dependency.objects.values_list(
-                "job_id", "upstream__finished_at"):
+        for job_id, upstream_finished, last in Dependency.objects.values_list(
+                "job_id", "upstream__finished_at", "job__claimed_at"):
+            # With no attempt row, the job's one attempt is its last (a success keeps none).
             first = (Attempt.objects.filter(job_id=job_id).order_by("claimed_at")
-                     .values_list("claimed_at", flat=True).first())
+                     .values_list("claimed_at", flat=True).first()) or last
             if first is None:
                 continue
             waited += 1
