@@ -413,9 +413,10 @@ class Job(models.Model):
     def attempt_history(self) -> list[Attempt]:
         """Every ended attempt of this job in the order they were claimed: its attempt rows,
         and its success, which has none (``success_attempt``)."""
-        history = list(self.attempt_set.order_by("claimed_at", "id"))
         success = self.success_attempt()
-        return history if success is None else [*history, success]
+        history = [*self.attempt_set.all(), *([] if success is None else [success])]
+        # A late report's row is stamped when it arrived, which can be after the success.
+        return sorted(history, key=lambda a: (a.claimed_at, a.pk is None, a.pk or 0))
 
 
 class Attempt(models.Model):
@@ -423,7 +424,8 @@ class Attempt(models.Model):
     # except an attempt that succeeded: its job keeps it (Job.claimed_at, lease_owner,
     # finished_at, duration_ms; Job.success_attempt() builds it as a row would read).
     # The running attempt lives on its job (lease_owner, lease_token, claimed_at); RUNNING rows
-    # are only those an earlier version wrote at claim time, and settle completes them too.
+    # are only those a worker older than migration 0008 wrote at claim time, and any outcome
+    # other than a success (which only a claim without such a row can have) completes them.
     id = models.BigAutoField(primary_key=True)
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempt_set")
     number = models.PositiveIntegerField()

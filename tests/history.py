@@ -1,8 +1,10 @@
 """Realistic queue history built in the database with generate_series, for plan tests.
 
-Finished jobs (with one attempt each) spread over thirty days; ready jobs spread across queues
-and priorities; scheduled, retrying and running jobs (some due, some with expired leases);
-receipts, half of them expired. Then ANALYZE, so the planner sees what a production table holds.
+Finished jobs spread over thirty days, each after one attempt: a success kept on its job (its
+worker, claim and handler time), a dead or cancelled job's attempt in its own row; ready jobs
+spread across queues and priorities; scheduled, retrying and running jobs (some due, some with
+expired leases); receipts, half of them expired. Then ANALYZE, so the planner sees what a
+production table holds.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ _FINISHED = f"""
 INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
                         run_at, attempts, max_attempts, snoozes, deadline, lease_seconds,
                         trace_id, failure_class, terminal_reason, last_error, result,
-                        created_at, updated_at, started_at, finished_at)
+                        created_at, updated_at, started_at, finished_at, lease_owner,
+                        claimed_at, duration_ms)
 SELECT 'demo.noop', 1, 'q' || (g %% %(queues)s), jsonb_build_object('n', g),
        s.status, p.priority, p.priority, t.at, 1, 5, 0, t.at + interval '3 days', 30, '',
        CASE s.status WHEN 'dead' THEN 'permanent' ELSE '' END,
        CASE s.status WHEN 'dead' THEN 'permanent_error' WHEN 'cancelled' THEN 'operator'
                      ELSE 'succeeded' END,
-       '', NULL, t.at, t.at + interval '1 second', t.at, t.at + interval '1 second'
+       '', NULL, t.at, t.at + interval '1 second', t.at, t.at + interval '1 second',
+       CASE s.status WHEN 'succeeded' THEN 'history-worker' END, t.at,
+       CASE s.status WHEN 'succeeded' THEN 3 END
 FROM generate_series(1, %(finished)s) AS g,
      LATERAL (SELECT now() - interval '30 days' * (1 - g::float8 / %(finished)s) AS at) AS t,
      LATERAL (SELECT CASE WHEN g %% 20 = 0 THEN 'dead' WHEN g %% 20 = 1 THEN 'cancelled'
@@ -69,10 +74,10 @@ INSERT INTO pgjobs_attempt (job_id, number, worker_id, lease_token, claimed_at, 
 SELECT id, 1, COALESCE(lease_owner, 'history-worker'), COALESCE(lease_token, gen_random_uuid()),
        COALESCE(started_at, now()), finished_at,
        CASE status WHEN 'running' THEN 'running' WHEN 'dead' THEN 'dead'
-                   WHEN 'cancelled' THEN 'failed' ELSE 'succeeded' END,
+                   ELSE 'failed' END,
        '', failure_class, '', '', 3
 FROM pgjobs_job
-WHERE status IN ('succeeded', 'dead', 'cancelled', 'running')
+WHERE status IN ('dead', 'cancelled', 'running')
 """
 
 _RECEIPTS = """

@@ -3,6 +3,8 @@ the statement, the worker's floors, and the horizon that turns them on, on a rea
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from django_pgjobs.worker.floors import (
     ClaimFloors,
     HorizonWatch,
 )
-from tests.conftest import holding_snapshot, run_in_thread, succeeded, wait_for
+from tests.conftest import ROOT, holding_snapshot, run_in_thread, succeeded, wait_for
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -252,3 +254,26 @@ def test_full_claims_come_at_least_every_ten_seconds_however_long_one_took() -> 
     assert floors.start("default") is not None
     clock.now += 0.1
     assert floors.start("default") is None
+
+
+# A project without the admin (whose dashboard imports them anyway): a worker set up to run.
+STARTUP_IMPORTS = """
+import sys
+import django
+from django.conf import settings
+settings.configure(INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth",
+                                   "django_pgjobs"],
+                   DATABASES={"default": {"ENGINE": "django.db.backends.postgresql"}})
+django.setup()
+from django_pgjobs.management.commands import pgjobs_worker
+from django_pgjobs.worker import Worker
+Worker(install_signals=False)
+print("django_pgjobs.stats" in sys.modules)
+"""
+
+
+def test_a_worker_imports_the_dashboards_reads_at_its_first_horizon_reading_not_at_start() -> None:
+    done = subprocess.run([sys.executable, "-c", STARTUP_IMPORTS], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"

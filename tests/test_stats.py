@@ -167,6 +167,23 @@ def test_a_success_with_no_attempt_row_counts_in_every_attempt_figure() -> None:
         pytest.approx(2))
 
 
+def test_the_attempt_sample_is_the_newest_claims_whatever_their_outcome() -> None:
+    # Older failures (rows) and newer successes (kept on their jobs): with room for three, the
+    # sample is the three newest claims, all successes, not three of each kind.
+    now = database_now()
+    for minutes in (50, 40, 30):
+        AttemptFactory(number=2, claimed_at=now - timedelta(minutes=minutes), duration_ms=900,
+                       outcome=AttemptOutcome.FAILED, failure_class="transient")
+    for minutes in (3, 2, 1):
+        at = now - timedelta(minutes=minutes)
+        JobFactory(task="tests.ok", succeeded=True, attempts=1, lease_owner="w", claimed_at=at,
+                   finished_at=at + timedelta(seconds=1), duration_ms=5)
+
+    assert stats.attempt_distribution(sample=3) == [stats.AttemptBucket(1, 3)]
+    assert stats.handler_latency(sample=3) == [stats.Latency("tests.ok", 3, 5, 5, 5)]
+    assert [p.samples for p in stats.pickup_latency(sample=3)] == [3]
+
+
 def test_lease_health_counts_expired_and_expiring_leases() -> None:
     now = database_now()
     JobFactory.create_batch(2, running=True, lease_expires_at=now - timedelta(seconds=60))
@@ -233,11 +250,12 @@ def test_snapshot_is_json_ready() -> None:
 HISTORY_SQL = """
 INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
     run_at, attempts, max_attempts, snoozes, lease_seconds, trace_id, last_error, failure_class,
-    terminal_reason, created_at, started_at, finished_at)
+    terminal_reason, created_at, started_at, finished_at, claimed_at, lease_owner, duration_ms)
 SELECT 'task' || (g %% 7), 1, (ARRAY['default', 'mail', 'reports'])[1 + g %% 3], '{}',
     CASE WHEN g %% 50 = 0 THEN 'dead' ELSE 'succeeded' END, 0, 0, t, 1, 5, 0, 30, '', '',
     CASE WHEN g %% 50 = 0 THEN 'permanent' ELSE '' END,
-    CASE WHEN g %% 50 = 0 THEN 'permanent_error' ELSE 'succeeded' END, t, t, t + interval '1 s'
+    CASE WHEN g %% 50 = 0 THEN 'permanent_error' ELSE 'succeeded' END, t, t, t + interval '1 s',
+    t, CASE WHEN g %% 50 <> 0 THEN 'w' END, CASE WHEN g %% 50 <> 0 THEN 5 END
 FROM (SELECT g, now() - g * interval '3 s' FROM generate_series(1, %s) AS g) AS s(g, t);
 INSERT INTO pgjobs_job (task, payload_version, queue, payload, status, priority, base_priority,
     run_at, attempts, max_attempts, snoozes, lease_seconds, trace_id, last_error, failure_class,
@@ -248,7 +266,7 @@ INSERT INTO pgjobs_attempt (job_id, number, worker_id, lease_token, claimed_at, 
     outcome, reported_outcome, failure_class, error, traceback, duration_ms)
 SELECT id, 1, 'w', gen_random_uuid(), started_at, finished_at, status, '', failure_class, '', '',
     5
-FROM pgjobs_job WHERE finished_at IS NOT NULL;
+FROM pgjobs_job WHERE finished_at IS NOT NULL AND status <> 'succeeded';
 ANALYZE pgjobs_job;
 ANALYZE pgjobs_attempt;
 -- Empty here, but its pages may hold the dead rows of an earlier test's slots (a bulk test of

@@ -583,6 +583,40 @@ def test_a_late_report_is_recorded_beside_the_attempts_outcome_never_over_it(tak
     assert Attempt.objects.count() == 1
 
 
+def test_a_late_success_of_an_attempt_whose_number_the_same_worker_won_again_is_recorded() -> None:
+    # An operator cancels a running job, and its worker ends the attempt in the handler's place;
+    # the operator retries it (the count starts again) and the same worker wins attempt 1 anew.
+    # The first handler then returns: its late success must be kept beside its cancelled row,
+    # not taken for the winning success sent again.
+    JobFactory(max_attempts=3)
+    [first] = claim_jobs("w1", "default", 1)
+    cancel_jobs([first.id])
+    assert settle([Outcome.cancelled(first, "cancelled by an operator while it ran")]) == {
+        first.lease_token: True}
+    assert retry_jobs([first.id]) == 1
+    [again] = claim_jobs("w1", "default", 1)
+    assert (again.attempt, again.lease_owner) == (first.attempt, first.lease_owner) == (1, "w1")
+    assert settle([succeeded(again)]) == {again.lease_token: True}
+
+    assert settle([succeeded(first)]) == {first.lease_token: False}
+    row = Attempt.objects.get()
+    assert (row.lease_token, row.outcome, row.reported_outcome) == (
+        first.lease_token, AttemptOutcome.CANCELLED, AttemptOutcome.SUCCEEDED)
+    assert Job.objects.get(pk=first.id).success_attempt() is not None
+
+
+def test_a_late_report_on_a_job_that_succeeded_before_0018_is_recorded_lost() -> None:
+    # A success settled by a worker older than migration 0018 wrote its row and cleared
+    # lease_owner; a made-up late report about that job is recorded, not taken for a resend.
+    JobFactory()
+    [c] = claim_jobs("w1", "default", 1)
+    assert settle([succeeded(c)]) == {c.lease_token: True}
+    Job.objects.filter(pk=c.id).update(lease_owner=None, duration_ms=None)
+    forged = uuid.uuid4()
+    assert settle([succeeded(c, token=forged)]) == {forged: False}
+    assert list(Attempt.objects.values_list("outcome", flat=True)) == [AttemptOutcome.LOST]
+
+
 @pytest.mark.parametrize("hand_back", ["released", "snoozed"])
 def test_a_hand_back_that_a_pending_cancel_ends_keeps_its_attempts_count(hand_back) -> None:
     JobFactory()

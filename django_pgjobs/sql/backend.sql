@@ -18,7 +18,7 @@ LEFT JOIN LATERAL (
     UNION ALL
     -- Nor has an attempt that succeeded: the job keeps it, with its worker (Job.success_attempt).
     SELECT NULL, j.lease_owner, j.claimed_at, 'succeeded', 'succeeded', '', '', ''
-    WHERE j.status = 'succeeded' AND j.lease_owner IS NOT NULL
+    WHERE j.status = 'succeeded' AND j.lease_owner IS NOT NULL AND j.claimed_at IS NOT NULL
 ) AS a ON true
 WHERE j.id = %s AND starts_with(j.task, %s)
 ORDER BY a.claimed_at, a.id NULLS LAST

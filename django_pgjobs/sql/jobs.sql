@@ -205,21 +205,29 @@ WITH claim AS (
     LEFT JOIN settled AS s ON s.lease_token = r.lease_token
     -- A late report about a job that is gone (pruned) has nothing left to be recorded against.
     -- Nor has the success that won, sent again (its reply was lost after the commit): its job
-    -- holds it, by worker and number, and no other attempt of the job has both (a hand-back
-    -- that reuses the number has its own row, which the conflict below finds). A scalar
-    -- subquery, not EXISTS: it probes the primary key for that report alone, where EXISTS may
-    -- be planned as a hash of every job id.
+    -- holds it, by worker and number, and its token has no row. A report whose token has a row
+    -- always goes on to the conflict below, even one with the job's worker and number (an
+    -- operator's retry starts the count again: the same worker can end attempt 1 twice). A
+    -- job that succeeded before migration 0018 has no lease_owner, and then nothing matches.
+    -- Scalar subqueries, not EXISTS, evaluated for reports that did not apply alone: each
+    -- probes one index for that report, where EXISTS may be planned as a hash of every id.
     WHERE CASE WHEN s.lease_token IS NOT NULL THEN s.status <> 'succeeded'
-               ELSE (SELECT NOT (g.status = 'succeeded' AND r.attempt_outcome = 'succeeded'
-                                 AND g.lease_owner = r.worker_id AND g.attempts = r.attempt)
-                     FROM pgjobs_job AS g WHERE g.id = r.job_id) END
+               ELSE (SELECT x.lease_token IS NOT NULL
+                            OR NOT COALESCE(g.status = 'succeeded'
+                                            AND r.attempt_outcome = 'succeeded'
+                                            AND g.lease_owner = r.worker_id
+                                            AND g.attempts = r.attempt, false)
+                     FROM pgjobs_job AS g
+                     LEFT JOIN pgjobs_attempt AS x ON x.lease_token = r.lease_token
+                     WHERE g.id = r.job_id) END
     -- The token has a row already when its attempt ended without its holder: the rescue step
     -- took it over (lease expired), or the worker did (timed out, cancelled). That row is the
     -- attempt's history and stays as it is; the holder's late report is recorded beside it, in
     -- reported_outcome alone. A row the holder's own report wrote is left whole: a batch sent
     -- again after its reply was lost (the connection dropped after the commit) changes
-    -- nothing. A running row is one an earlier version wrote at claim time; it is completed
-    -- like a new one. The conflict waits for a concurrent rescue of the same token to commit,
+    -- nothing. A running row is one a worker older than migration 0008 wrote at claim time;
+    -- it is completed like a new one. (Such a worker settles its own claims: a success, which
+    -- writes no row here, comes only from a claim of this version, which wrote none.) The conflict waits for a concurrent rescue of the same token to commit,
     -- so its row is never missed.
     ON CONFLICT (lease_token) DO UPDATE
     SET finished_at = CASE WHEN a.outcome = 'running' THEN EXCLUDED.finished_at

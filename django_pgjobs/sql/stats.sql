@@ -61,21 +61,28 @@ FROM heads
 GROUP BY queue
 
 -- name: stats_attempt_numbers
--- The most recent claims in the window, newest first along the claimed_at index, capped so a
--- busy hour costs the same as a quiet one. Two kinds of attempt have no row: a success is its
--- job (newest first along the finished index; lease_owner is kept only on such a job), and a
--- running attempt is its job too (a few, through the lease index).
+-- The most recent ended claims in the window, capped so a busy hour costs the same as a quiet
+-- one. A success has no attempt row: it is its job (lease_owner is kept only on such a job).
+-- So the newest attempt rows (along the claimed_at index) and the newest successes (along the
+-- finished index) are each read up to the cap, and the newest of both together kept: the
+-- sample is the most recent claims whatever their outcome. A running attempt is its job too
+-- (a few, through the lease index).
 SELECT number, count(*)
 FROM (
-    (SELECT number FROM pgjobs_attempt
-     WHERE claimed_at >= now() - make_interval(secs => %(window)s)
+    (SELECT number
+     FROM ((SELECT number, claimed_at FROM pgjobs_attempt
+            WHERE claimed_at >= now() - make_interval(secs => %(window)s)
+            ORDER BY claimed_at DESC
+            LIMIT %(cap)s)
+           UNION ALL
+           (SELECT attempts, claimed_at FROM pgjobs_job
+            WHERE status = 'succeeded'
+              AND finished_at >= now() - make_interval(secs => %(window)s)
+              AND lease_owner IS NOT NULL
+              AND claimed_at >= now() - make_interval(secs => %(window)s)
+            ORDER BY finished_at DESC
+            LIMIT %(cap)s)) AS ended
      ORDER BY claimed_at DESC
-     LIMIT %(cap)s)
-    UNION ALL
-    (SELECT attempts FROM pgjobs_job
-     WHERE status = 'succeeded' AND finished_at >= now() - make_interval(secs => %(window)s)
-       AND lease_owner IS NOT NULL AND claimed_at >= now() - make_interval(secs => %(window)s)
-     ORDER BY finished_at DESC
      LIMIT %(cap)s)
     UNION ALL
     SELECT attempts FROM pgjobs_job
@@ -85,20 +92,25 @@ GROUP BY number
 ORDER BY number
 
 -- name: stats_handler_latency
--- The attempts that ended in the window: those with a row, and the successes, which are their
--- jobs (see stats_attempt_numbers).
+-- The newest attempts that ended in the window: those with a row, and the successes, which
+-- are their jobs (see stats_attempt_numbers).
 WITH recent AS (
-    (SELECT job_id, duration_ms FROM pgjobs_attempt
-     WHERE claimed_at >= now() - make_interval(secs => %(window)s) AND duration_ms IS NOT NULL
-     ORDER BY claimed_at DESC
-     LIMIT %(cap)s)
-    UNION ALL
-    (SELECT id, duration_ms FROM pgjobs_job
-     WHERE status = 'succeeded' AND finished_at >= now() - make_interval(secs => %(window)s)
-       AND lease_owner IS NOT NULL AND duration_ms IS NOT NULL
-       AND claimed_at >= now() - make_interval(secs => %(window)s)
-     ORDER BY finished_at DESC
-     LIMIT %(cap)s)
+    SELECT job_id, duration_ms
+    FROM ((SELECT job_id, duration_ms, claimed_at FROM pgjobs_attempt
+           WHERE claimed_at >= now() - make_interval(secs => %(window)s)
+             AND duration_ms IS NOT NULL
+           ORDER BY claimed_at DESC
+           LIMIT %(cap)s)
+          UNION ALL
+          (SELECT id, duration_ms, claimed_at FROM pgjobs_job
+           WHERE status = 'succeeded'
+             AND finished_at >= now() - make_interval(secs => %(window)s)
+             AND lease_owner IS NOT NULL AND duration_ms IS NOT NULL
+             AND claimed_at >= now() - make_interval(secs => %(window)s)
+           ORDER BY finished_at DESC
+           LIMIT %(cap)s)) AS ended
+    ORDER BY claimed_at DESC
+    LIMIT %(cap)s
 )
 SELECT j.task, count(*),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY r.duration_ms),
@@ -113,17 +125,22 @@ ORDER BY j.task
 -- From a job's first claim back to the time it became due. A retry or a snooze moves run_at,
 -- and an operator's retry resets it, so only jobs whose run_at is still the original count.
 WITH recent AS (
-    (SELECT job_id, claimed_at FROM pgjobs_attempt
-     WHERE claimed_at >= now() - make_interval(secs => %(window)s) AND number = 1
+    -- First attempts that ended, with a row or as a success kept on its job, the newest of
+    -- both (see stats_attempt_numbers); and those still running.
+    (SELECT job_id, claimed_at
+     FROM ((SELECT job_id, claimed_at FROM pgjobs_attempt
+            WHERE claimed_at >= now() - make_interval(secs => %(window)s) AND number = 1
+            ORDER BY claimed_at DESC
+            LIMIT %(cap)s)
+           UNION ALL
+           (SELECT id, claimed_at FROM pgjobs_job
+            WHERE status = 'succeeded'
+              AND finished_at >= now() - make_interval(secs => %(window)s)
+              AND lease_owner IS NOT NULL AND attempts = 1
+              AND claimed_at >= now() - make_interval(secs => %(window)s)
+            ORDER BY finished_at DESC
+            LIMIT %(cap)s)) AS ended
      ORDER BY claimed_at DESC
-     LIMIT %(cap)s)
-    UNION ALL
-    -- First attempts that succeeded: their jobs (see stats_attempt_numbers).
-    (SELECT id, claimed_at FROM pgjobs_job
-     WHERE status = 'succeeded' AND finished_at >= now() - make_interval(secs => %(window)s)
-       AND lease_owner IS NOT NULL AND attempts = 1
-       AND claimed_at >= now() - make_interval(secs => %(window)s)
-     ORDER BY finished_at DESC
      LIMIT %(cap)s)
     UNION ALL
     SELECT id, claimed_at FROM pgjobs_job

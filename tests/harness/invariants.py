@@ -106,6 +106,8 @@ class Snapshot:
             success = job.success_attempt()
             if success is not None:
                 attempts[job.pk].append(success)
+                # In claim order: a late report's row is stamped when it arrived.
+                attempts[job.pk].sort(key=lambda a: (a.claimed_at, a.pk is None, a.pk or 0))
         runs: dict[int, list[Run]] = defaultdict(list)
         for run in Run.objects.order_by("started_at", "id"):
             runs[run.job_id].append(run)
