@@ -15,6 +15,7 @@ import django_pgjobs
 from django_pgjobs import fit
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.fit import Measurements, Verdict, judge, measure
+from django_pgjobs.status import AttemptOutcome
 from django_pgjobs.transitions import database_now
 from tests.factories import AttemptFactory, JobFactory
 
@@ -85,15 +86,21 @@ def test_measure_reads_backlog_payloads_claims_and_storage_from_the_database() -
                                 for n in (10, 100, 1000, 5000)])
     JobFactory.create_batch(3, scheduled=True, payload={})
     JobFactory(retrying=True, payload={})
-    JobFactory(succeeded=True, payload={})
-    for _ in range(36):
-        AttemptFactory(claimed_at=now - timedelta(minutes=30))
-    AttemptFactory(claimed_at=now - timedelta(hours=2))
+    JobFactory(succeeded=True, payload={}, finished_at=now - timedelta(hours=2))
+    # 36 claims in the hour: 30 successes, kept on their jobs, and 6 failures, with rows.
+    half_an_hour_ago = now - timedelta(minutes=30)
+    JobFactory.create_batch(30, succeeded=True, lease_owner="w", claimed_at=half_an_hour_ago,
+                            finished_at=half_an_hour_ago)
+    for _ in range(6):
+        AttemptFactory(job=JobFactory(dead=True), claimed_at=half_an_hour_ago,
+                       outcome=AttemptOutcome.DEAD, failure_class="permanent")
+    AttemptFactory(claimed_at=now - timedelta(hours=2),
+                   job=JobFactory(succeeded=True, finished_at=now - timedelta(hours=2)))
 
     m = measure(sample_seconds=0)
 
     assert m.enqueue_per_second is None
-    assert m.backlog == 4 + 3 + 1  # the attempts' jobs are running: not waiting
+    assert m.backlog == 4 + 3 + 1  # the finished jobs are not waiting
     assert m.claims_per_second == 36 / 3600
     # PostgreSQL prints {"text": "x...x"}: n + 12 bytes.
     assert m.payload_max_bytes == 5012

@@ -177,6 +177,7 @@ def test_the_attempt_sample_is_the_newest_claims_whatever_their_outcome() -> Non
     for minutes in (3, 2, 1):
         at = now - timedelta(minutes=minutes)
         JobFactory(task="tests.ok", succeeded=True, attempts=1, lease_owner="w", claimed_at=at,
+                   run_at=at - timedelta(seconds=1),
                    finished_at=at + timedelta(seconds=1), duration_ms=5)
 
     assert stats.attempt_distribution(sample=3) == [stats.AttemptBucket(1, 3)]

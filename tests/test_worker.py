@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from datetime import timedelta
 
@@ -85,6 +86,26 @@ def test_stop_lets_the_running_handler_finish_and_releases_unstarted_jobs() -> N
         stored = Job.objects.get(pk=job.pk)
         assert (stored.status, stored.attempts, stored.lease_token) == (JobStatus.READY, 0, None)
         assert Attempt.objects.get(job_id=job.pk).outcome == AttemptOutcome.RELEASED
+
+
+def test_a_signal_takes_no_lock_the_main_thread_may_hold_and_the_main_loop_drains() -> None:
+    # The handler runs in the main thread between two bytecodes, perhaps while that thread holds
+    # the lock inside the main loop's nudge (waiting on it or clearing it). Here another thread
+    # holds that lock while the handler runs: a handler that set the nudge would wait for it.
+    worker = Worker(install_signals=False, poll_interval=0.05, maintenance=[])
+    handled = threading.Event()
+    with worker._main_nudge._cond:
+        signalled = threading.Thread(target=lambda: (
+            worker._on_signal(signal.SIGTERM, None), handled.set()), daemon=True)
+        signalled.start()
+        assert handled.wait(2), "the signal handler waited on the main loop's lock"
+    assert not worker.stopping  # noted; the main loop starts the drain
+    job = django_pgjobs.enqueue("tests.ok", {})
+    thread = run_in_thread(worker)
+    thread.join(15)
+    assert not thread.is_alive() and worker.stopping
+    # Its executor may have claimed the job before the loop's first look: run, or handed back.
+    assert Job.objects.get(pk=job.pk).status in (JobStatus.SUCCEEDED, JobStatus.READY)
 
 
 @pytest.mark.slow

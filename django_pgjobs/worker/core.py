@@ -70,6 +70,8 @@ from .slots import BatchRunner, Slot, Watchdog
 logger = logging.getLogger("django_pgjobs.worker")
 
 RECONNECT_MAX_SECONDS = 5.0
+# The longest the main thread waits before it looks again: at its steps, its slots and a signal.
+MAIN_TICK_SECONDS = 0.25
 # The exit status of a --burst worker that gave up on a database it could not reach.
 EXIT_DATABASE_UNREACHABLE = 3
 # The exit status of a worker whose executors all failed (each failure is logged).
@@ -240,6 +242,8 @@ class Worker:
         self._slot_numbers = itertools.count()
         self._listener: Listener | None = None
         self._signals_seen = 0
+        # The first SIGTERM or SIGINT, noted by the handler for the main loop to act on.
+        self._signalled: int | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -301,7 +305,11 @@ class Worker:
             except DatabaseError as exc:
                 if self.database_failed("connect", exc, backoff):
                     return False
-                self._stop.wait(backoff)
+                retry_at = time.monotonic() + backoff
+                while self._signalled is None and time.monotonic() < retry_at:
+                    self._stop.wait(min(MAIN_TICK_SECONDS, retry_at - time.monotonic()))
+                if self._signalled is not None:
+                    self._drain_on_signal()
                 backoff = min(backoff * 2, RECONNECT_MAX_SECONDS)
                 continue
             self.outage.recovered()
@@ -370,6 +378,9 @@ class Worker:
 
     def _main_loop(self) -> None:
         while not self._stop.is_set():
+            if self._signalled is not None:
+                self._drain_on_signal()
+                continue
             # Done when no executor claims any more and no async job is left to look after.
             if not any(slot.alive for slot in self._slots) and not self.async_runner.in_flight():
                 ended = [slot for slot in self._slots if not slot.abandoned]
@@ -386,7 +397,7 @@ class Worker:
             self.watchdog.check(self._slots)
             self._check_cancels()
             next_due = min((s.next_due for s in self.steps), default=now + 1.0)
-            self._main_nudge.wait(max(0.01, min(next_due - time.monotonic(), 0.25)))
+            self._main_nudge.wait(max(0.01, min(next_due - time.monotonic(), MAIN_TICK_SECONDS)))
             self._main_nudge.clear()
 
     def rate_due(self, seconds: float) -> None:
@@ -433,13 +444,24 @@ class Worker:
             signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # A handler runs in the main thread between two of its bytecodes, perhaps while that
+        # thread holds the lock inside an Event it is waiting on or clearing (the main loop's
+        # nudge). Setting that Event here would wait for a lock its own thread holds, for ever:
+        # a worker hung at SIGTERM until it was killed. So the first signal is only noted, and
+        # the main loop, which looks at least every MAIN_TICK_SECONDS, starts the drain.
         self._signals_seen += 1
         if self._signals_seen > 1:
+            # Logging's locks are reentrant: the main thread may take them again.
             logger.warning("worker.kill worker=%s second signal: exiting now; leases will "
                            "recover running jobs", self.worker_id)
             os._exit(1)
+        self._signalled = signum
+
+    def _drain_on_signal(self) -> None:
+        """The main thread's answer to the first signal: stop claiming and finish (``stop``)."""
+        assert self._signalled is not None
         logger.info("worker.drain worker=%s signal=%s: finishing running jobs",
-                    self.worker_id, signal.Signals(signum).name)
+                    self.worker_id, signal.Signals(self._signalled).name)
         self.stop()
 
     # --- executors --------------------------------------------------------------------------
