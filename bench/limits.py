@@ -121,8 +121,7 @@ def rates_held(processes: int, seconds: float) -> dict[str, dict[str, float]]:
     from django.db import connection, transaction
 
     from django_pgjobs import JobSpec, enqueue_many
-    from django_pgjobs.models import Attempt, Job
-    from django_pgjobs.status import JobStatus
+    from django_pgjobs.models import KEPT_SUCCESS, Attempt, Job
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE pgjobs_job, pgjobs_attempt, pgjobs_key_slot, pgjobs_key_rate "
@@ -147,8 +146,7 @@ def rates_held(processes: int, seconds: float) -> dict[str, dict[str, float]]:
         # which have none (their jobs keep them).
         starts = sorted([*Attempt.objects.filter(job__task=task).values_list("claimed_at",
                                                                              flat=True),
-                         *Job.objects.filter(task=task, status=JobStatus.SUCCEEDED,
-                                             lease_owner__isnull=False)
+                         *Job.objects.filter(KEPT_SUCCESS, task=task)
                          .values_list("claimed_at", flat=True)])
         first = starts[0]
         within = [s for s in starts if s < first + timedelta(seconds=seconds)]

@@ -6,6 +6,8 @@ invariants the database enforces.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -55,6 +57,11 @@ _RUNNING_HOLDS_A_LEASE = Q(
     lease_owner__isnull=False,
     lease_expires_at__isnull=False,
 ) | (~Q(status=JobStatus.RUNNING) & Q(lease_token__isnull=True, lease_expires_at__isnull=True))
+
+# The succeeded jobs whose success has no attempt row: the job keeps that attempt, and the
+# settle leaves lease_owner (its worker) only on such a job. A job that succeeded before
+# migration 0018 has a row for it and no lease_owner.
+KEPT_SUCCESS = Q(status=JobStatus.SUCCEEDED, lease_owner__isnull=False)
 
 _TERMINAL_HAS_FINISHED_AT = ~Q(
     status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]
@@ -402,6 +409,7 @@ class Job(models.Model):
         times and its handler's time. A job that succeeded before that change has a row, and no
         lease_owner left on it.
         """
+        # KEPT_SUCCESS, read on this row.
         if (self.status != JobStatus.SUCCEEDED or self.lease_owner is None
                 or self.claimed_at is None):
             return None
@@ -415,8 +423,13 @@ class Job(models.Model):
         and its success, which has none (``success_attempt``)."""
         success = self.success_attempt()
         history = [*self.attempt_set.all(), *([] if success is None else [success])]
-        # A late report's row is stamped when it arrived, which can be after the success.
-        return sorted(history, key=lambda a: (a.claimed_at, a.pk is None, a.pk or 0))
+        return in_claim_order(history)
+
+
+def in_claim_order(attempts: Iterable[Attempt]) -> list[Attempt]:
+    """``attempts`` (rows, and successes built by ``Job.success_attempt``) as they were claimed.
+    A late report's row is stamped when it arrived, which can be after the success."""
+    return sorted(attempts, key=lambda a: (a.claimed_at, a.pk is None, a.pk or 0))
 
 
 class Attempt(models.Model):

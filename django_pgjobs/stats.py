@@ -516,15 +516,21 @@ def _latency(row: tuple[Any, ...]) -> Latency:
     return Latency(str(key), int(samples), float(p50), float(p95), float(top))
 
 
+def statement(name: str) -> str:
+    """The text of stats block ``name``, with the newest ended attempts spliced in where it
+    reads them (``{ended_attempts}``: one sample for every attempt figure)."""
+    return sql.query(name).replace("{ended_attempts}", sql.query("stats_ended_attempts"))
+
+
 def _fetch(name: str, params: list[Any] | dict[str, Any], using: str) -> list[tuple[Any, ...]]:
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.query(name), params)
+        cursor.execute(statement(name), params)
         return cursor.fetchall()
 
 
 def _fetch_named(name: str, params: dict[str, Any], using: str) -> list[dict[str, Any]]:
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.query(name), params)
+        cursor.execute(statement(name), params)
         columns = [column.name for column in cursor.description]
         return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
 

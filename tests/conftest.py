@@ -169,13 +169,12 @@ def succeeded(claimed: Any, result: str = '{"ok": true}', *, token: Any = None) 
 def ended_attempts(*job_ids: int) -> list[Any]:
     """The ended attempts of these jobs (of every job, given none) in claim order: their attempt
     rows, and their successes, which have none (``Job.success_attempt``)."""
-    from django_pgjobs.models import Attempt, Job
+    from django_pgjobs.models import KEPT_SUCCESS, Attempt, Job, in_claim_order
 
     jobs = Job.objects.filter(pk__in=job_ids) if job_ids else Job.objects.all()
     rows = list(Attempt.objects.filter(job__in=jobs))
-    successes = [job.success_attempt() for job in jobs.filter(lease_owner__isnull=False)]
-    return sorted([*rows, *(a for a in successes if a is not None)],
-                  key=lambda a: (a.claimed_at, a.pk is None, a.pk or 0))
+    successes = [job.success_attempt() for job in jobs.filter(KEPT_SUCCESS)]
+    return in_claim_order([*rows, *(a for a in successes if a is not None)])
 
 
 def make_user(username: str, *codenames: str, superuser: bool = False) -> Any:

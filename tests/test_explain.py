@@ -22,7 +22,7 @@ from django.test.utils import CaptureQueriesContext
 from django_pgjobs import sql
 from django_pgjobs.admin.display import EXACT_COUNT_MAX_ROWS
 from django_pgjobs.explain import HOT_QUERIES, explain
-from django_pgjobs.models import Attempt, Job
+from django_pgjobs.models import KEPT_SUCCESS, Attempt, Job
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.transitions import REPORT_FIELDS, claim_jobs
 from tests.conftest import plan_nodes
@@ -157,7 +157,7 @@ def test_the_history_is_as_large_as_the_plans_claim(history: None) -> None:
     assert Job.objects.filter(status="ready").values("queue").distinct().count() == QUEUES
     assert Job.objects.filter(status="ready").values("priority").distinct().count() == 5
     # A success has no attempt row: only the dead and cancelled tenth, and the running jobs.
-    assert Job.objects.filter(status="succeeded", lease_owner__isnull=False).count() == (
+    assert Job.objects.filter(KEPT_SUCCESS).count() == (
         FINISHED * 9 // 10)
     assert Attempt.objects.count() == FINISHED // 10 + Job.objects.filter(status="running").count()
 

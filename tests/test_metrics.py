@@ -21,7 +21,7 @@ import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
 from django_pgjobs.exceptions import InvalidSetting
 from django_pgjobs.metrics import StatsCollector, WorkerMetrics, exposition
-from django_pgjobs.models import Attempt, Job
+from django_pgjobs.models import KEPT_SUCCESS, Attempt, Job
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import JobStatus
 from django_pgjobs.transitions import database_now
@@ -174,7 +174,7 @@ def test_worker_counters_match_what_the_database_recorded() -> None:
     assert value(samples, "pgjobs_lost_settlements_total", task="tests.ok") is None
     # Each claim ended one attempt: the two failures have rows, the four successes are their jobs.
     assert Attempt.objects.count() == 2
-    assert Job.objects.filter(status=JobStatus.SUCCEEDED, lease_owner__isnull=False).count() == 4
+    assert Job.objects.filter(KEPT_SUCCESS).count() == 4
 
 
 @pytest.mark.django_db(transaction=True)

@@ -11,7 +11,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_pgjobs import fit, sql, stats, transitions
+from django_pgjobs import fit, stats, transitions
 from django_pgjobs.models import Attempt
 from django_pgjobs.outcomes import Outcome
 from django_pgjobs.status import AttemptOutcome, JobStatus
@@ -299,7 +299,7 @@ def test_every_stats_query_reads_indexes_not_history() -> None:
         cursor.execute(HISTORY_SQL, [200_000])
         plans = {}
         for name, params in STATS_QUERIES.items():
-            cursor.execute("EXPLAIN (FORMAT JSON) " + sql.query(name), params)
+            cursor.execute("EXPLAIN (FORMAT JSON) " + stats.statement(name), params)
             raw = cursor.fetchone()[0]
             plans[name] = plan_nodes((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"])
 

@@ -60,30 +60,34 @@ SELECT queue, GREATEST(0, extract(epoch FROM now() - min(run_at)))::float8
 FROM heads
 GROUP BY queue
 
+-- name: stats_ended_attempts
+-- The newest attempts that ended in the window, at most the cap of them, so a busy hour costs
+-- the same as a quiet one: spliced into the statements below as {ended_attempts}. A success
+-- has no attempt row: it is its job (lease_owner is kept only on such a job). So the newest
+-- attempt rows (along the claimed_at index) and the newest successes (along the finished
+-- index) are each read up to the cap, and the newest of both together kept: the sample is the
+-- most recent claims whatever their outcome, and each statement reads what it needs from it.
+SELECT job_id, number, claimed_at, duration_ms
+FROM ((SELECT job_id, number, claimed_at, duration_ms FROM pgjobs_attempt
+       WHERE claimed_at >= now() - make_interval(secs => %(window)s)
+       ORDER BY claimed_at DESC
+       LIMIT %(cap)s)
+      UNION ALL
+      (SELECT id, attempts, claimed_at, duration_ms FROM pgjobs_job
+       WHERE status = 'succeeded' AND finished_at >= now() - make_interval(secs => %(window)s)
+         AND lease_owner IS NOT NULL
+         AND claimed_at >= now() - make_interval(secs => %(window)s)
+       ORDER BY finished_at DESC
+       LIMIT %(cap)s)) AS ended
+ORDER BY claimed_at DESC
+LIMIT %(cap)s
+
 -- name: stats_attempt_numbers
--- The most recent ended claims in the window, capped so a busy hour costs the same as a quiet
--- one. A success has no attempt row: it is its job (lease_owner is kept only on such a job).
--- So the newest attempt rows (along the claimed_at index) and the newest successes (along the
--- finished index) are each read up to the cap, and the newest of both together kept: the
--- sample is the most recent claims whatever their outcome. A running attempt is its job too
--- (a few, through the lease index).
+-- The newest ended claims in the window (stats_ended_attempts), and the running attempts,
+-- which are their jobs too (a few, through the lease index).
 SELECT number, count(*)
 FROM (
-    (SELECT number
-     FROM ((SELECT number, claimed_at FROM pgjobs_attempt
-            WHERE claimed_at >= now() - make_interval(secs => %(window)s)
-            ORDER BY claimed_at DESC
-            LIMIT %(cap)s)
-           UNION ALL
-           (SELECT attempts, claimed_at FROM pgjobs_job
-            WHERE status = 'succeeded'
-              AND finished_at >= now() - make_interval(secs => %(window)s)
-              AND lease_owner IS NOT NULL
-              AND claimed_at >= now() - make_interval(secs => %(window)s)
-            ORDER BY finished_at DESC
-            LIMIT %(cap)s)) AS ended
-     ORDER BY claimed_at DESC
-     LIMIT %(cap)s)
+    SELECT number FROM ({ended_attempts}) AS ended
     UNION ALL
     SELECT attempts FROM pgjobs_job
     WHERE status = 'running' AND claimed_at >= now() - make_interval(secs => %(window)s)
@@ -92,25 +96,10 @@ GROUP BY number
 ORDER BY number
 
 -- name: stats_handler_latency
--- The newest attempts that ended in the window: those with a row, and the successes, which
--- are their jobs (see stats_attempt_numbers).
+-- The handlers' times of the newest ended attempts (stats_ended_attempts) that have one.
 WITH recent AS (
-    SELECT job_id, duration_ms
-    FROM ((SELECT job_id, duration_ms, claimed_at FROM pgjobs_attempt
-           WHERE claimed_at >= now() - make_interval(secs => %(window)s)
-             AND duration_ms IS NOT NULL
-           ORDER BY claimed_at DESC
-           LIMIT %(cap)s)
-          UNION ALL
-          (SELECT id, duration_ms, claimed_at FROM pgjobs_job
-           WHERE status = 'succeeded'
-             AND finished_at >= now() - make_interval(secs => %(window)s)
-             AND lease_owner IS NOT NULL AND duration_ms IS NOT NULL
-             AND claimed_at >= now() - make_interval(secs => %(window)s)
-           ORDER BY finished_at DESC
-           LIMIT %(cap)s)) AS ended
-    ORDER BY claimed_at DESC
-    LIMIT %(cap)s
+    SELECT job_id, duration_ms FROM ({ended_attempts}) AS ended
+    WHERE duration_ms IS NOT NULL
 )
 SELECT j.task, count(*),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY r.duration_ms),
@@ -125,23 +114,9 @@ ORDER BY j.task
 -- From a job's first claim back to the time it became due. A retry or a snooze moves run_at,
 -- and an operator's retry resets it, so only jobs whose run_at is still the original count.
 WITH recent AS (
-    -- First attempts that ended, with a row or as a success kept on its job, the newest of
-    -- both (see stats_attempt_numbers); and those still running.
-    (SELECT job_id, claimed_at
-     FROM ((SELECT job_id, claimed_at FROM pgjobs_attempt
-            WHERE claimed_at >= now() - make_interval(secs => %(window)s) AND number = 1
-            ORDER BY claimed_at DESC
-            LIMIT %(cap)s)
-           UNION ALL
-           (SELECT id, claimed_at FROM pgjobs_job
-            WHERE status = 'succeeded'
-              AND finished_at >= now() - make_interval(secs => %(window)s)
-              AND lease_owner IS NOT NULL AND attempts = 1
-              AND claimed_at >= now() - make_interval(secs => %(window)s)
-            ORDER BY finished_at DESC
-            LIMIT %(cap)s)) AS ended
-     ORDER BY claimed_at DESC
-     LIMIT %(cap)s)
+    -- First attempts among the newest ended ones (stats_ended_attempts), and those running.
+    SELECT job_id, claimed_at FROM ({ended_attempts}) AS ended
+    WHERE number = 1
     UNION ALL
     SELECT id, claimed_at FROM pgjobs_job
     WHERE status = 'running' AND attempts = 1

@@ -16,7 +16,7 @@ from typing import Any
 from django.utils import timezone
 
 from django_pgjobs.conf import settings
-from django_pgjobs.models import Attempt, Dependency, Job, Schedule
+from django_pgjobs.models import Attempt, Dependency, Job, Schedule, in_claim_order
 from django_pgjobs.status import (
     AttemptOutcome,
     FailureClass,
@@ -105,9 +105,7 @@ class Snapshot:
             # Nor has a success, ever: the job keeps it, with no lease token.
             success = job.success_attempt()
             if success is not None:
-                attempts[job.pk].append(success)
-                # In claim order: a late report's row is stamped when it arrived.
-                attempts[job.pk].sort(key=lambda a: (a.claimed_at, a.pk is None, a.pk or 0))
+                attempts[job.pk] = in_claim_order([*attempts[job.pk], success])
         runs: dict[int, list[Run]] = defaultdict(list)
         for run in Run.objects.order_by("started_at", "id"):
             runs[run.job_id].append(run)

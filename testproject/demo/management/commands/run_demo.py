@@ -18,7 +18,7 @@ from django.db.models import Count
 
 import django_pgjobs
 from django_pgjobs.enqueuing import JobSpec
-from django_pgjobs.models import Attempt, Dependency, IdempotencyReceipt, Job
+from django_pgjobs.models import KEPT_SUCCESS, Attempt, Dependency, IdempotencyReceipt, Job
 from django_pgjobs.status import TERMINAL_STATUSES, AttemptOutcome, JobStatus
 from django_pgjobs.workflows import chain, chord
 from testproject.demo.models import LedgerEntry, Order
@@ -190,8 +190,7 @@ class Command(BaseCommand):
         attempts = dict(Attempt.objects.values_list("outcome").annotate(n=Count("id")))
         # A success has no attempt row: its job keeps it (Job.success_attempt).
         attempts[AttemptOutcome.SUCCEEDED.value] = attempts.get(
-            AttemptOutcome.SUCCEEDED.value, 0) + Job.objects.filter(
-            status=JobStatus.SUCCEEDED, lease_owner__isnull=False).count()
+            AttemptOutcome.SUCCEEDED.value, 0) + Job.objects.filter(KEPT_SUCCESS).count()
         out("attempts by outcome:")
         for outcome in AttemptOutcome:
             if attempts.get(outcome.value):
@@ -212,8 +211,7 @@ class Command(BaseCommand):
         out(f"unreceipted side effects repeated by at-least-once delivery: {duplicate_work}")
         exports = [*Attempt.objects.filter(job__task="demo.export")
                    .values_list("job__limit_key", "claimed_at", "finished_at"),
-                   *Job.objects.filter(task="demo.export", status=JobStatus.SUCCEEDED,
-                                       lease_owner__isnull=False)
+                   *Job.objects.filter(KEPT_SUCCESS, task="demo.export")
                    .values_list("limit_key", "claimed_at", "finished_at")]
         windows: dict[str, list[tuple[Any, Any]]] = {}
         for key, claimed_at, finished_at in exports:
