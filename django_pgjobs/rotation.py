@@ -6,12 +6,16 @@ receipt tables in id order, one bounded window per statement, and writes each va
 under another key again. Workers keep running: a write lands only where the row still holds what
 was read (a worker that settled a job in between wrote its result, which the next pass reads and
 seals again), so nothing a worker wrote is lost and no row waits on a lock of ours for longer
-than one UPDATE. Once the pass ends with nothing left under an old key, the old key can go.
+than one UPDATE. A row a worker holds locked is skipped, never waited for (a worker settles a
+batch of jobs in its own order, and waiting could close a deadlock cycle with it); the window is
+read again after a short pause. Once the pass ends with nothing left under an old key, the old
+key can go.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +23,10 @@ from typing import Any
 from . import encryption, receipts, transitions
 from .exceptions import Undecryptable
 
-# How often one window is read again because rows changed under it, before giving up on them.
+# How often one window is read again because rows changed or were held under it, before giving
+# up on them; the pause before each pass doubles from the first, up to the last.
 WINDOW_PASSES = 10
+PASS_PAUSE_SECONDS = (0.02, 1.0)
 
 
 @dataclass
@@ -49,10 +55,13 @@ def rotate_keys(*, batch: int, using: str,
             rotation.values_resealed += sum(n for row_id, (_, n) in pending.items()
                                             if row_id in written)
             if len(written) < len(pending):
-                # Rows changed since they were read (a worker settled a job): the window is
-                # read again, and what is sealed under the first key now is left alone.
+                # Rows changed since they were read (a worker settled a job) or a worker held
+                # them: the window is read again, and what is sealed under the first key now is
+                # left alone.
                 passes += 1
                 if passes < WINDOW_PASSES:
+                    first, most = PASS_PAUSE_SECONDS
+                    time.sleep(min(first * 2 ** (passes - 1), most))
                     continue
                 raise RuntimeError(f"pgjobs_{table} rows after id {after} kept changing while "
                                    "they were being sealed again; run the rotation again")

@@ -308,6 +308,51 @@ def test_rotation_keeps_a_result_written_between_its_read_and_its_write() -> Non
         assert done.values_resealed == 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_rotation_skips_a_row_a_worker_holds_instead_of_waiting_and_seals_it_once_free() -> None:
+    import threading
+    import time
+
+    from tests.conftest import session
+
+    free, held = (enqueue("tests.encrypted_charge", charge(order=n)) for n in (1, 2))
+    seen: dict[str, Any] = {}
+    locked = threading.Event()
+
+    def worker_settling_in_its_own_order() -> None:
+        # A worker's settle holds the later row and then goes for the earlier one. A rotation
+        # that waited on the later row while holding the earlier would deadlock with it.
+        with session("settling worker") as worker:
+            worker.execute("SELECT 1 FROM pgjobs_job WHERE id = %s FOR UPDATE", [held.pk])
+            locked.set()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                text = worker.execute("SELECT payload::text FROM pgjobs_job WHERE id = %s",
+                                      [free.pk]).fetchone()[0]
+                if key_of(NEW_KEY) in text:
+                    break
+                time.sleep(0.02)
+            seen["sealed while held"] = key_of(NEW_KEY) in text
+            try:
+                worker.execute("UPDATE pgjobs_job SET priority = priority WHERE id = %s",
+                               [free.pk])
+                worker.commit()
+            except Exception as exc:  # a deadlock, against a rotation that waits
+                seen["error"] = exc
+
+    thread = threading.Thread(target=worker_settling_in_its_own_order)
+    thread.start()
+    assert locked.wait(10)
+    with override_settings(PGJOBS_ENCRYPTION_KEYS=[NEW_KEY, OLD_KEY]):
+        try:
+            done = rotate_keys(batch=10, using="default")
+        finally:
+            thread.join(30)
+        assert seen == {"sealed while held": True}
+        assert (done.values_resealed, done.unopened) == (4, [])
+        assert stale_values(batch=10, using="default") == {}
+
+
 def test_resealing_an_envelope_under_the_first_key_changes_nothing() -> None:
     sealed = seal({"a": 1}, ["a"], where="result", owner="t")
     assert resealed(sealed, where="result", owner="t") == (sealed, 0)

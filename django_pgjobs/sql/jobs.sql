@@ -614,11 +614,22 @@ ORDER BY id
 -- name: reseal_jobs
 -- Write the payloads and results pgjobs_rotate_keys sealed again (a null: left as it is), each
 -- only where the row still holds the text that was read: a result a worker wrote since is read
--- and sealed again, never lost.
+-- and sealed again, never lost. A row another transaction holds (a worker settling a batch of
+-- jobs in its own order) is skipped, not waited for, so the rotation never completes a deadlock
+-- cycle with a worker; it reads that row again on its next pass.
+WITH c AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+        AS c(id bigint, payload text, result text, was_payload text, was_result text)
+), free AS (
+    SELECT j.id
+    FROM pgjobs_job AS j JOIN c ON c.id = j.id
+    WHERE j.payload::text = c.was_payload
+      AND j.result::text IS NOT DISTINCT FROM c.was_result
+    FOR UPDATE OF j SKIP LOCKED
+)
 UPDATE pgjobs_job AS j
 SET payload = coalesce(c.payload::jsonb, j.payload), result = coalesce(c.result::jsonb, j.result)
-FROM jsonb_to_recordset(%(rows)s::jsonb)
-     AS c(id bigint, payload text, result text, was_payload text, was_result text)
+FROM c JOIN free ON free.id = c.id
 WHERE j.id = c.id
   AND j.payload::text = c.was_payload
   AND j.result::text IS NOT DISTINCT FROM c.was_result

@@ -52,9 +52,18 @@ FROM (SELECT id, scope, result,
 ORDER BY id
 
 -- name: reseal_receipts
--- Write the receipt results sealed again, where the row still holds the text that was read.
+-- Write the receipt results sealed again, where the row still holds the text that was read; a
+-- row another transaction holds is skipped, not waited for (see reseal_jobs).
+WITH c AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS c(id bigint, result text, was_result text)
+), free AS (
+    SELECT r.id
+    FROM pgjobs_receipt AS r JOIN c ON c.id = r.id
+    WHERE r.result::text IS NOT DISTINCT FROM c.was_result
+    FOR UPDATE OF r SKIP LOCKED
+)
 UPDATE pgjobs_receipt AS r
 SET result = c.result::jsonb
-FROM jsonb_to_recordset(%(rows)s::jsonb) AS c(id bigint, result text, was_result text)
+FROM c JOIN free ON free.id = c.id
 WHERE r.id = c.id AND r.result::text IS NOT DISTINCT FROM c.was_result
 RETURNING r.id
