@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed
 MANAGE := $(PY) testproject/manage.py
 EMBEDDED := $(PY) -m testproject.embedded
 
-.PHONY: venv system-deps test test-quick demo admin screenshots lint chaos failover bench soak profile compare bench-async \
+.PHONY: venv system-deps test test-quick demo admin screenshots lint chaos failover bench soak bench-held-growth profile compare bench-async \
 	bench-lifecycle bench-limits bench-workflows bench-remote clean
 
 $(STAMP): pyproject.toml
@@ -97,6 +97,7 @@ failover: $(STAMP)
 # Benchmarks: the peers are installed into their own virtualenv, never into the project's.
 #   make bench                         the full run (about 15 minutes); BENCH_ARGS=--quick to check
 #   make soak SOAK_ARGS="--minutes 10" sustained load, table size and claim latency over time
+#   make bench-held-growth             bytes per job each relation grows by under a held snapshot
 #   make profile                       round trips per claim/settle and where worker CPU goes
 #   make compare REV=HEAD~3            drain with this checkout and REV, interleaved, one run
 #   make bench-async                   one worker: async handlers next to executor threads on I/O
@@ -146,6 +147,9 @@ bench: $(BENCH_STAMP) $(BENCH_OBAN_STAMP)
 
 soak: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.soak $(SOAK_ARGS)
+
+bench-held-growth: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.held_growth $(HELD_GROWTH_ARGS)
 
 profile: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.profile_hot_path
