@@ -118,7 +118,7 @@ class QueueProbe(threading.Thread):
         self.stopping = threading.Event()
         self._timings: list[float] = []
         self._lock = threading.Lock()
-        self.from_floors = 0
+        self._from_floors = 0  # of the claims since ``taken`` was last asked
 
     def run(self) -> None:
         from django.db import connections
@@ -144,23 +144,26 @@ class QueueProbe(threading.Thread):
                                full_seconds=None if start_from is not None else took / 1000)
                 with self._lock:
                     self._timings.append(took)
-                    self.from_floors += start_from is not None
+                    self._from_floors += start_from is not None
                 if jobs:
                     settle([Outcome.succeeded(j, "null", 0) for j in jobs])
         finally:
             connections.close_all()
 
-    def taken(self) -> list[float]:
+    def taken(self) -> tuple[list[float], int]:
+        """The claims' timings since this was last asked, and how many started from floors."""
         with self._lock:
             timings, self._timings = self._timings, []
-        return timings
+            from_floors, self._from_floors = self._from_floors, 0
+        return timings, from_floors
 
 
 def sample(elapsed: float, producer: Producer, vacuums: int, probe: QueueProbe
            ) -> dict[str, Any]:
     from django.db import connection
 
-    claims = probe.taken() or [float("nan")]
+    timings, from_floors = probe.taken()
+    claims = timings or [float("nan")]
     with connection.cursor() as cursor:
         cursor.execute(_stats_sql(), [list(TABLES)])
         tables = {row[0]: row[1:] for row in cursor.fetchall()}
@@ -176,6 +179,10 @@ def sample(elapsed: float, producer: Producer, vacuums: int, probe: QueueProbe
         "attempt_total_mb": attempt[4] / 2**20,
         "claim_p50_ms": harness.percentile(claims, 50),
         "claim_max_ms": max(claims),
+        # Whether the probe claimed from floors, and how busy the machine was: a slow sample
+        # says whether it was the claims' plan or the machine.
+        "probe_claims": len(timings), "from_floors": from_floors,
+        "load_average": os.getloadavg()[0],
     }
 
 
@@ -183,11 +190,13 @@ def _row(s: dict[str, Any]) -> list[str]:
     return [str(s["t"]), f"{s['enqueued']:,}", f"{s['ready']:,}", f"{s['finished']:,}",
             f"{s['job_dead']:,}", _fmt(s["job_table_mb"], 1), _fmt(s["job_index_mb"], 1),
             _fmt(s["attempt_total_mb"], 1), str(s["job_vacuums"]),
-            _fmt(s["claim_p50_ms"], 2), _fmt(s["claim_max_ms"], 2)]
+            _fmt(s["claim_p50_ms"], 2), _fmt(s["claim_max_ms"], 2),
+            f"{s['from_floors']}/{s['probe_claims']}", _fmt(s["load_average"], 2)]
 
 
 HEADERS = ["s", "enqueued", "ready", "finished rows", "job dead tuples", "job table MB",
-           "job indexes MB", "attempt total MB", "vacuums", "claim p50 ms", "claim max ms"]
+           "job indexes MB", "attempt total MB", "vacuums", "claim p50 ms", "claim max ms",
+           "from floors", "load"]
 
 
 def hold_summary(samples: list[dict[str, Any]], hold_from: float, hold_to: float) -> str:
@@ -317,7 +326,7 @@ def main() -> None:
     print(f"steady state: the samples after {warmup:.0f} s (retention, one prune interval and one "
           "vacuum interval)")
     print(summary(samples, warmup))
-    print(f"the probe made {probe.from_floors:,} of its claims from floors")
+    print(f"the probe made {sum(s['from_floors'] for s in samples):,} of its claims from floors")
     if args.hold_snapshot > 0:
         hold_to = warmup + args.hold_snapshot
         print()
