@@ -20,6 +20,12 @@ Three things keep a generic plan honest:
   ANALYZEs the table (an ANALYZE invalidates it at once);
 - ``explain.py`` checks the generic plans themselves.
 
+A statement made ``without_jit`` is planned and run with JIT compilation off, in a transaction
+of its own message's (``SET LOCAL jit = off``): its plan's estimated cost grows with the table
+and its dead entries, and past ``jit_above_cost`` PostgreSQL compiled every execution of the
+claim afresh, 30 to 60 ms for a statement that runs in one (``docs/benchmarks.md``). In a
+caller's transaction the setting is left as it is: it would outlive the statement there.
+
 A prepared statement lives in the session, so behind a pooler that hands each transaction a
 different server connection (PgBouncer in transaction mode) it must stay off: it is, by default,
 on a database whose settings say ``DISABLE_SERVER_SIDE_CURSORS`` (what Django asks of such a
@@ -66,7 +72,8 @@ class Statement:
     prepared, it is one parameter).
     """
 
-    def __init__(self, key: str, text: str, *, same_values: bool = False) -> None:
+    def __init__(self, key: str, text: str, *, same_values: bool = False,
+                 without_jit: bool = False) -> None:
         numbered, self.names, positional = _numbered(text)
         self.text = text
         # The same statement with ``%s`` in every place, to be sent in one message with others.
@@ -81,6 +88,7 @@ class Statement:
         # The same values call after call (a worker's queue and id): each session keeps the
         # EXECUTE with them written in.
         self.same_values = same_values
+        self.without_jit = without_jit
         # The names of its result's columns, read from its first result.
         self.columns: list[str] | None = None
         # Where a named statement's ``%s`` stand in ``positional``: the name of each.
@@ -171,7 +179,11 @@ def run(
     connection = connections[using]
     with connection.cursor() as cursor:
         if not isinstance(cursor.cursor, psycopg.ClientCursor):
-            # Server-side binding: one statement per message, each in full.
+            # Server-side binding: one statement per message, each in full; JIT is turned off
+            # only in a block of their own (in autocommit each is a transaction of its own).
+            if not connection.get_autocommit() and _without_jit(connection, statements,
+                                                                  whole_block):
+                cursor.execute(_WITHOUT_JIT)
             results = []
             for statement, params in statements:
                 cursor.execute(statement.positional, statement.in_place(params))
@@ -180,14 +192,15 @@ def run(
         session = _session(connection, cursor) if enabled(using) else None
         # Asked after _session, which may have read the session's statements in the block.
         carried = whole_block and _carries_its_transaction(connection, cursor.cursor)
+        head = [_WITHOUT_JIT] if _without_jit(connection, statements, whole_block) else []
         if session is None:
-            texts = [statement.positional for statement, _ in statements]
+            texts = [*head, *(statement.positional for statement, _ in statements)]
             values = [value for statement, params in statements
                       for value in statement.in_place(params)]
             with _transaction_carried(cursor.cursor, carried):
                 cursor.execute(";\n".join(_carry(texts, carried)), values)
                 return _results(connection, cursor.cursor, statements)
-        texts = []
+        texts = head
         planned: list[str] = []
         now = time.monotonic()
         raw = cursor.cursor
@@ -230,6 +243,21 @@ def _carries_its_transaction(connection: BaseDatabaseWrapper, raw: Any) -> bool:
             and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             and not conn.autocommit and conn.isolation_level is None
             and conn.read_only is None and conn.deferrable is None)
+
+
+_WITHOUT_JIT = "SET LOCAL jit = off"
+
+
+def _without_jit(connection: BaseDatabaseWrapper, statements: Sequence[tuple[Statement, Any]],
+                 whole_block: bool) -> bool:
+    """Whether the message turns JIT off for its statements: one of them asks, and the
+    transaction the setting lasts for is the message's own (autocommit: the message is one
+    implicit transaction) or the block's that holds only these statements."""
+    if not any(statement.without_jit for statement, _ in statements):
+        return False
+    if connection.get_autocommit():
+        return True
+    return whole_block and len(connection.atomic_blocks) == 1
 
 
 def _carry(texts: list[str], carried: bool) -> list[str]:

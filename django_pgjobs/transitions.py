@@ -306,8 +306,8 @@ def claim_statement(limit: int, *, from_floors: bool = False) -> prepared.Statem
                 + end + rest.split(end, 1)[1])
     text = text.replace("{limit}", str(limit))
     if from_floors:
-        return prepared.Statement(f"claim{limit}_from_floors", text)
-    return prepared.Statement(f"claim{limit}", text, same_values=True)
+        return prepared.Statement(f"claim{limit}_from_floors", text, without_jit=True)
+    return prepared.Statement(f"claim{limit}", text, same_values=True, without_jit=True)
 
 
 def claim_candidates(
@@ -401,7 +401,7 @@ def settle(outcomes: Sequence[Outcome], *, using: str = DEFAULT_DB_ALIAS) -> dic
     return _applied(outcomes, rows)
 
 
-_SETTLE = prepared.Statement("settle", sql.query("settle_jobs"))
+_SETTLE = prepared.Statement("settle", sql.query("settle_jobs"), without_jit=True)
 _CLAIM_TO_END = prepared.Statement("claim_to_end", sql.query("claim_to_end"))
 _PUSH_BACK = prepared.Statement("push_back", sql.query("push_back_rates"))
 

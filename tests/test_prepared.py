@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import DataError, ProgrammingError, connection, connections, transaction
@@ -297,3 +297,69 @@ def test_an_enqueue_after_a_raw_begin_is_sent_in_full_inside_that_transaction() 
     with connection.cursor() as cursor:
         cursor.execute("ROLLBACK")  # the caller's to end: its job goes with it
     assert sorted(j.payload["n"] for j in Job.objects.all()) == [1]
+
+
+# --- JIT ---------------------------------------------------------------------------------
+
+SEEN_JIT = """
+CREATE TABLE test_jit_seen (statement text, jit text);
+CREATE FUNCTION test_jit_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO test_jit_seen VALUES (NEW.status, current_setting('jit'));
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_jit_seen BEFORE UPDATE ON pgjobs_job
+    FOR EACH ROW EXECUTE FUNCTION test_jit_seen();
+"""
+
+
+@pytest.fixture
+def jit_seen() -> Iterator[Callable[[], list[tuple[str, str]]]]:
+    """What ``jit`` was as each UPDATE of a job ran, by the job's new status, in order. The
+    session's own setting is on."""
+    with connection.cursor() as cursor:
+        cursor.execute(SEEN_JIT)
+        cursor.execute("SET jit = on")
+
+    def seen() -> list[tuple[str, str]]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement, jit FROM test_jit_seen")
+            return cursor.fetchall()
+
+    try:
+        yield seen
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_jit_seen ON pgjobs_job; "
+                           "DROP FUNCTION test_jit_seen(); DROP TABLE test_jit_seen; "
+                           "RESET jit")
+
+
+def session_jit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_claim_and_settle_run_without_jit_and_the_session_keeps_its_setting(
+        enabled: bool, jit_seen: Callable[[], list[tuple[str, str]]]) -> None:
+    # Past jit_above_cost every execution of the claim was compiled again, 30 to 60 ms.
+    from django_pgjobs.transitions import settle
+
+    for _ in range(3):
+        JobFactory(status=JobStatus.READY, queue="jit")
+    with override_settings(PGJOBS_PREPARED_STATEMENTS=enabled):
+        [first] = claim_jobs("w", "jit", 1)
+        assert session_jit() == "on"  # SET LOCAL: the handler's queries plan as they would
+        settle([succeeded(first)])
+        [second] = settle_and_claim([], "w", "jit", 1)[1]
+        [third] = settle_and_claim([succeeded(second)], "w", "jit", 1)[1]
+        assert session_jit() == "on"
+        # In a transaction of the caller's, the setting would outlive the claim: left alone.
+        with transaction.atomic():
+            settle_and_claim([succeeded(third)], "w", "jit", 1)
+            assert session_jit() == "on"
+    assert jit_seen() == [("running", "off"), ("succeeded", "off"), ("running", "off"),
+                        ("succeeded", "off"), ("running", "off"), ("succeeded", "on")]
