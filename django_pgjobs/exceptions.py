@@ -148,6 +148,11 @@ class Undecryptable(EncryptionError):
 # --- handlers raise these to say what kind of failure happened ------------------------------
 
 
+class RotationStalled(EncryptionError):
+    """pgjobs_rotate_keys found rows of a window changed each time it read them, too often in a
+    row to go on (writers that rewrite the same rows without pause); running it again resumes."""
+
+
 class HandlerSignal(PgJobsError):
     """A handler's statement about its outcome."""
 

@@ -135,7 +135,7 @@ def receipts_to_reseal(after: int, limit: int, *, using: str) -> list[tuple[Any,
 
 def reseal_receipts(rows: list[dict[str, Any]], *, using: str) -> set[int]:
     """Write each receipt's new ``result`` (JSON text) where it still holds the text
-    ``was_result``; the ids written."""
+    ``was_result``; the ids written (``sql.resealed_rows``: a batch skips held rows)."""
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("reseal_receipts"), {"rows": json.dumps(rows)})
+        cursor.execute(sql.resealed_rows("reseal_receipts", len(rows)), {"rows": json.dumps(rows)})
         return {row[0] for row in cursor.fetchall()}

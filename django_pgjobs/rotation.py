@@ -5,28 +5,25 @@ seals with the new key and still opens the old values; ``rotate_keys`` then walk
 receipt tables in id order, one bounded window per statement, and writes each value sealed
 under another key again. Workers keep running: a write lands only where the row still holds what
 was read (a worker that settled a job in between wrote its result, which the next pass reads and
-seals again), so nothing a worker wrote is lost and no row waits on a lock of ours for longer
-than one UPDATE. A row a worker holds locked is skipped, never waited for (a worker settles a
-batch of jobs in its own order, and waiting could close a deadlock cycle with it); the window is
-read again after a short pause. Once the pass ends with nothing left under an old key, the old
-key can go.
+seals again), so nothing a worker wrote is lost. A window's write skips the rows another
+transaction holds (a worker settling a batch of jobs in its own order: waiting on one of them
+while holding others could close a deadlock cycle), then writes each of those alone, waiting
+for it. Once the pass ends with nothing left under an old key, the old key can go.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import encryption, receipts, transitions
-from .exceptions import Undecryptable
+from .exceptions import RotationStalled, Undecryptable
 
-# How often one window is read again because rows changed or were held under it, before giving
-# up on them; the pause before each pass doubles from the first, up to the last.
+# How often in a row one window is read again and nothing in it could be written, because
+# each row changed after it was read, before giving up.
 WINDOW_PASSES = 10
-PASS_PAUSE_SECONDS = (0.02, 1.0)
 
 
 @dataclass
@@ -51,20 +48,19 @@ def rotate_keys(*, batch: int, using: str,
         while window := _window(table, after, batch, using):
             pending = _resealed_rows(table, window, rotation)
             written = _write(table, pending, using) if pending else set()
+            for row_id in pending.keys() - written:  # held by another transaction, or changed
+                written |= _write(table, {row_id: pending[row_id]}, using)
             rotation.rows_written += len(written)
             rotation.values_resealed += sum(n for row_id, (_, n) in pending.items()
                                             if row_id in written)
             if len(written) < len(pending):
-                # Rows changed since they were read (a worker settled a job) or a worker held
-                # them: the window is read again, and what is sealed under the first key now is
-                # left alone.
-                passes += 1
+                # Rows changed since they were read (a worker settled a job): the window is
+                # read again, and what is sealed under the first key now is left alone.
+                passes = 0 if written else passes + 1
                 if passes < WINDOW_PASSES:
-                    first, most = PASS_PAUSE_SECONDS
-                    time.sleep(min(first * 2 ** (passes - 1), most))
                     continue
-                raise RuntimeError(f"pgjobs_{table} rows after id {after} kept changing while "
-                                   "they were being sealed again; run the rotation again")
+                raise RotationStalled(f"pgjobs_{table} rows after id {after} changed each time "
+                                      f"they were read, {WINDOW_PASSES} times in a row")
             passes = 0
             rotation.rows_read += len(window)
             after = window[-1][0]

@@ -353,6 +353,32 @@ def test_rotation_skips_a_row_a_worker_holds_instead_of_waiting_and_seals_it_onc
         assert stale_values(batch=10, using="default") == {}
 
 
+def test_a_rotation_whose_rows_change_at_every_reading_stops_by_name_and_can_go_on() -> None:
+    j = enqueue("tests.encrypted_charge", charge())
+    with override_settings(PGJOBS_ENCRYPTION_KEYS=[NEW_KEY, OLD_KEY]):
+        from django_pgjobs import transitions
+
+        real = transitions.jobs_to_reseal
+        written = [0]
+
+        def rewritten_each_time(after: int, limit: int, *, using: str) -> Any:
+            window = real(after, limit, using=using)
+            written[0] += 1  # a writer rewrites the row between each reading and its write
+            Job.objects.filter(pk=j.pk).update(result={"n": written[0]})
+            return window
+
+        transitions.jobs_to_reseal = rewritten_each_time  # type: ignore[assignment]
+        try:
+            with pytest.raises(CommandError, match="changed each time they were read, 10 "
+                                                   "times in a row; run pgjobs_rotate_keys"):
+                call_command("pgjobs_rotate_keys")
+        finally:
+            transitions.jobs_to_reseal = real  # type: ignore[assignment]
+        assert written[0] == 10
+        call_command("pgjobs_rotate_keys")  # the writer stopped: it goes on and ends
+        assert stale_values(batch=10, using="default") == {}
+
+
 def test_resealing_an_envelope_under_the_first_key_changes_nothing() -> None:
     sealed = seal({"a": 1}, ["a"], where="result", owner="t")
     assert resealed(sealed, where="result", owner="t") == (sealed, 0)

@@ -39,8 +39,9 @@ def blocks() -> dict[str, tuple[str, str]]:
 
 def callers(name: str) -> set[str]:
     """The package's modules that run the block called ``name``."""
-    needle = f'query("{name}")'
-    return {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if needle in p.read_text()}
+    needles = (f'query("{name}")', f'resealed_rows("{name}"')
+    return {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+            if any(needle in p.read_text() for needle in needles)}
 
 
 def test_every_write_is_in_its_tables_file_and_run_by_its_module() -> None:

@@ -2,8 +2,8 @@
 
 Each ``*.sql`` file in this folder holds blocks that start with a ``-- name: <name>`` line.
 Parameters are always bound (``%s`` or ``%(name)s``); the only text ever spliced in is a whole
-number the code chose (the claim's ``{limit}``) or another block of these files (``{rows}``),
-never a value.
+number the code chose (the claim's ``{limit}``), another block of these files (``{rows}``) or
+a lock's wait policy (``resealed_rows``), never a value.
 """
 
 from __future__ import annotations
@@ -32,3 +32,10 @@ def _load_all() -> dict[str, str]:
 def query(name: str) -> str:
     """Return the SQL text of the block called ``name``."""
     return _load_all()[name]
+
+
+def resealed_rows(name: str, count: int) -> str:
+    """The reseal block ``name`` for ``count`` rows: a batch skips rows another transaction
+    holds (``SKIP LOCKED``), since waiting on one while holding others could close a deadlock
+    cycle; a single row waits for its lock, which cannot."""
+    return query(name).replace("{skip_locked}", "SKIP LOCKED" if count > 1 else "")

@@ -614,23 +614,23 @@ ORDER BY id
 -- name: reseal_jobs
 -- Write the payloads and results pgjobs_rotate_keys sealed again (a null: left as it is), each
 -- only where the row still holds the text that was read: a result a worker wrote since is read
--- and sealed again, never lost. A row another transaction holds (a worker settling a batch of
--- jobs in its own order) is skipped, not waited for, so the rotation never completes a deadlock
--- cycle with a worker; it reads that row again on its next pass.
+-- and sealed again, never lost. The rows are locked first, and checked as they are when locked
+-- (a row changed since it was read is left out). {skip_locked} is SKIP LOCKED for a batch: a
+-- row another transaction holds (a worker settling a batch of jobs in its own order) is left
+-- out rather than waited for, as waiting could close a deadlock cycle with that worker; and
+-- nothing for one row alone, which waits (one row lock cannot close a cycle).
 WITH c AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
         AS c(id bigint, payload text, result text, was_payload text, was_result text)
-), free AS (
+), locked AS (
     SELECT j.id
     FROM pgjobs_job AS j JOIN c ON c.id = j.id
     WHERE j.payload::text = c.was_payload
       AND j.result::text IS NOT DISTINCT FROM c.was_result
-    FOR UPDATE OF j SKIP LOCKED
+    FOR NO KEY UPDATE OF j {skip_locked}
 )
 UPDATE pgjobs_job AS j
 SET payload = coalesce(c.payload::jsonb, j.payload), result = coalesce(c.result::jsonb, j.result)
-FROM c JOIN free ON free.id = c.id
+FROM c JOIN locked ON locked.id = c.id
 WHERE j.id = c.id
-  AND j.payload::text = c.was_payload
-  AND j.result::text IS NOT DISTINCT FROM c.was_result
 RETURNING j.id

@@ -52,18 +52,18 @@ FROM (SELECT id, scope, result,
 ORDER BY id
 
 -- name: reseal_receipts
--- Write the receipt results sealed again, where the row still holds the text that was read; a
--- row another transaction holds is skipped, not waited for (see reseal_jobs).
+-- Write the receipt results sealed again, where the row still holds the text that was read;
+-- locked first as reseal_jobs locks its rows ({skip_locked} likewise).
 WITH c AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS c(id bigint, result text, was_result text)
-), free AS (
+), locked AS (
     SELECT r.id
     FROM pgjobs_receipt AS r JOIN c ON c.id = r.id
     WHERE r.result::text IS NOT DISTINCT FROM c.was_result
-    FOR UPDATE OF r SKIP LOCKED
+    FOR NO KEY UPDATE OF r {skip_locked}
 )
 UPDATE pgjobs_receipt AS r
 SET result = c.result::jsonb
-FROM c JOIN free ON free.id = c.id
-WHERE r.id = c.id AND r.result::text IS NOT DISTINCT FROM c.was_result
+FROM c JOIN locked ON locked.id = c.id
+WHERE r.id = c.id
 RETURNING r.id

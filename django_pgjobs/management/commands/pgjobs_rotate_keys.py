@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_pgjobs import encryption
-from django_pgjobs.exceptions import EncryptionNotConfigured
+from django_pgjobs.exceptions import EncryptionNotConfigured, RotationStalled
 from django_pgjobs.management.arguments import whole_number
 from django_pgjobs.rotation import rotate_keys, stale_values
 
@@ -51,6 +51,8 @@ class Command(BaseCommand):
             stale = stale_values(batch=batch, using=using)
         except EncryptionNotConfigured as exc:
             raise CommandError(str(exc)) from None
+        except RotationStalled as exc:
+            raise CommandError(f"{exc}; run pgjobs_rotate_keys again to go on") from None
         if stale:
             listed = ", ".join(f"{count} under key {key}" for key, count in sorted(stale.items()))
             raise CommandError(f"encrypted values left under other keys: {listed}")
