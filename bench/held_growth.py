@@ -59,8 +59,9 @@ def main() -> None:
                    "--concurrency", "1", "--batch-size", "10", "--log-level", "WARNING"]
         workers = [subprocess.Popen(command, env=harness.child_env(DATABASE), cwd=harness.ROOT)
                    for _ in range(args.workers)]
-        for worker in workers:
-            worker.wait()
+        codes = [worker.wait(timeout=600) for worker in workers]
+        if any(codes):
+            raise SystemExit(f"a worker exited with {codes}")
         drained = sizes()
         [(left,)] = harness.execute(DATABASE, "SELECT count(*) FROM pgjobs_job "
                                               "WHERE status <> 'succeeded'")

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from . import sql
+from . import prepared, sql
 from .maintenance import AGING_KEYSET_START, AgingPolicy, prune_jobs, retention_seconds
 from .outcomes import Held, Outcome
 from .schedules import enqueue_due_ticks
@@ -158,6 +158,10 @@ def explain(
         raise ValueError("batch must be at least 1")
     with transaction.atomic(using=using):
         try:
+            if name in PREPARED:
+                # As workers run them (prepared.Statement's without_jit): no JIT in the timing.
+                with connections[using].cursor() as cursor:
+                    cursor.execute(prepared.WITHOUT_JIT)
             generic = name in PREPARED and _generic_plans(batch, using)
             plan = _RUNNERS[name](queue, batch, using)
             sizes = _table_sizes(using)

@@ -20,11 +20,9 @@ Three things keep a generic plan honest:
   ANALYZEs the table (an ANALYZE invalidates it at once);
 - ``explain.py`` checks the generic plans themselves.
 
-A statement made ``without_jit`` is planned and run with JIT compilation off, in a transaction
-of its own message's (``SET LOCAL jit = off``): its plan's estimated cost grows with the table
-and its dead entries, and past ``jit_above_cost`` PostgreSQL compiled every execution of the
-claim afresh, 30 to 60 ms for a statement that runs in one (``docs/benchmarks.md``). In a
-caller's transaction the setting is left as it is: it would outlive the statement there.
+A statement made ``without_jit`` (the claim, the settle) runs with JIT compilation off: its
+message starts with ``SET LOCAL jit = off`` when the transaction is the message's own or its
+block's, never in a caller's, which the setting would outlive (``docs/claim-path.md``).
 
 A prepared statement lives in the session, so behind a pooler that hands each transaction a
 different server connection (PgBouncer in transaction mode) it must stay off: it is, by default,
@@ -179,11 +177,8 @@ def run(
     connection = connections[using]
     with connection.cursor() as cursor:
         if not isinstance(cursor.cursor, psycopg.ClientCursor):
-            # Server-side binding: one statement per message, each in full; JIT is turned off
-            # only in a block of their own (in autocommit each is a transaction of its own).
-            if not connection.get_autocommit() and _without_jit(connection, statements,
-                                                                  whole_block):
-                cursor.execute(_WITHOUT_JIT)
+            # Server-side binding: one statement per message, each in full (and JIT as the
+            # server has it: turning it off would cost a round trip of its own).
             results = []
             for statement, params in statements:
                 cursor.execute(statement.positional, statement.in_place(params))
@@ -192,7 +187,7 @@ def run(
         session = _session(connection, cursor) if enabled(using) else None
         # Asked after _session, which may have read the session's statements in the block.
         carried = whole_block and _carries_its_transaction(connection, cursor.cursor)
-        head = [_WITHOUT_JIT] if _without_jit(connection, statements, whole_block) else []
+        head = [WITHOUT_JIT] if _without_jit(connection, statements, whole_block) else []
         if session is None:
             texts = [*head, *(statement.positional for statement, _ in statements)]
             values = [value for statement, params in statements
@@ -245,19 +240,32 @@ def _carries_its_transaction(connection: BaseDatabaseWrapper, raw: Any) -> bool:
             and conn.read_only is None and conn.deferrable is None)
 
 
-_WITHOUT_JIT = "SET LOCAL jit = off"
+WITHOUT_JIT = "SET LOCAL jit = off"
 
 
 def _without_jit(connection: BaseDatabaseWrapper, statements: Sequence[tuple[Statement, Any]],
                  whole_block: bool) -> bool:
     """Whether the message turns JIT off for its statements: one of them asks, and the
-    transaction the setting lasts for is the message's own (autocommit: the message is one
-    implicit transaction) or the block's that holds only these statements."""
+    transaction the setting lasts for is the message's own (autocommit with no transaction
+    open: the message is one implicit transaction) or that of an outermost block that holds
+    only these statements and commits at its end (not a savepoint in a transaction the caller
+    manages)."""
     if not any(statement.without_jit for statement, _ in statements):
         return False
-    if connection.get_autocommit():
+    if outside_any_transaction(connection):
         return True
-    return whole_block and len(connection.atomic_blocks) == 1
+    return (whole_block and len(connection.atomic_blocks) == 1
+            and connection.commit_on_exit and not connection.savepoint_ids)
+
+
+def outside_any_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether a statement sent now is its own transaction: autocommit, and no transaction
+    the caller opened with a ``BEGIN`` of its own."""
+    if not connection.get_autocommit():
+        return False
+    connection.ensure_connection()
+    status = connection.connection.info.transaction_status
+    return bool(status == psycopg.pq.TransactionStatus.IDLE)
 
 
 def _carry(texts: list[str], carried: bool) -> list[str]:

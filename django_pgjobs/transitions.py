@@ -95,7 +95,7 @@ def insert_job(
     """
     params = {**values, "notify": notify}
     connection = connections[using]
-    if _outside_any_transaction(connection) and prepared.enabled(using):
+    if prepared.outside_any_transaction(connection) and prepared.enabled(using):
         try:
             [(names, rows)] = prepared.run(using, [(_INSERT_JOB, params)])
             return names, rows
@@ -109,16 +109,6 @@ def insert_job(
 
 
 _INSERT_JOB = prepared.Statement("insert_job", sql.query("insert_job"))
-
-
-def _outside_any_transaction(connection: Any) -> bool:
-    """Whether a statement sent now is its own transaction: autocommit, and no transaction
-    the caller opened with a ``BEGIN`` of its own."""
-    if not connection.get_autocommit():
-        return False
-    connection.ensure_connection()
-    status = connection.connection.info.transaction_status
-    return bool(status == psycopg.pq.TransactionStatus.IDLE)
 
 
 def insert_jobs(
@@ -275,7 +265,7 @@ def settle_and_claim(
     reports = _reports(outcomes)
     # In a transaction that goes on after the claim (a test's, or one the caller opened),
     # nothing more may go to it.
-    goes_on = not _outside_any_transaction(connections[using])
+    goes_on = not prepared.outside_any_transaction(connections[using])
     with transaction.atomic(using=using):
         results = prepared.run(using, [
             *_push_backs(outcomes),
@@ -1099,7 +1089,8 @@ def jobs_to_reseal(after: int, limit: int, *, using: str) -> list[tuple[Any, ...
 
 def reseal_jobs(rows: list[dict[str, Any]], *, using: str) -> set[int]:
     """Write each row's new ``payload`` and ``result`` (JSON text; None: unchanged) where the job
-    still holds the text ``was_payload`` and ``was_result``; the ids written."""
+    still holds the text ``was_payload`` and ``was_result``; the ids written
+    (``sql.resealed_rows``: a batch skips held rows)."""
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.query("reseal_jobs"), {"rows": json.dumps(rows)})
+        cursor.execute(sql.resealed_rows("reseal_jobs", len(rows)), {"rows": json.dumps(rows)})
         return {row[0] for row in cursor.fetchall()}

@@ -363,3 +363,28 @@ def test_a_workers_claim_and_settle_run_without_jit_and_the_session_keeps_its_se
             assert session_jit() == "on"
     assert jit_seen() == [("running", "off"), ("succeeded", "off"), ("running", "off"),
                         ("succeeded", "off"), ("running", "off"), ("succeeded", "on")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jit_is_left_alone_in_a_transaction_the_caller_opened_or_manages(
+        jit_seen: Callable[[], list[tuple[str, str]]]) -> None:
+    from django_pgjobs.transitions import settle
+
+    JobFactory.create_batch(2, status=JobStatus.READY, queue="jit")
+    [claimed] = claim_jobs("w", "jit", 1)
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")  # the caller's own, unknown to Django: settle() runs inside it
+        try:
+            settle([succeeded(claimed)])
+            assert session_jit() == "on"
+        finally:
+            cursor.execute("ROLLBACK")
+    transaction.set_autocommit(False)  # the caller manages the transaction: atomic() is a savepoint
+    try:
+        claim_jobs("w", "jit", 1)
+        assert session_jit() == "on"
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+    # The first claim's own; what ran in the caller's transactions was rolled back with them.
+    assert jit_seen() == [("running", "off")]
