@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -282,26 +283,39 @@ def test_rotation_reports_a_value_that_opens_under_no_key_and_leaves_it() -> Non
         assert Job.objects.get(pk=j.pk).payload == j.payload
 
 
+@contextmanager
+def after_each_window_read(write: Callable[[int], None]) -> Iterator[None]:
+    """While it lasts, ``write(n)`` runs after the rotation's n-th read of a window of jobs,
+    before it writes them: what a worker settling in between would do."""
+    from django_pgjobs import transitions
+
+    real = transitions.jobs_to_reseal
+    reads = 0
+
+    def read(after: int, limit: int, *, using: str) -> Any:
+        nonlocal reads
+        window = real(after, limit, using=using)
+        reads += 1
+        write(reads)
+        return window
+
+    transitions.jobs_to_reseal = read  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        transitions.jobs_to_reseal = real  # type: ignore[assignment]
+
+
 def test_rotation_keeps_a_result_written_between_its_read_and_its_write() -> None:
     j = enqueue("tests.encrypted_charge", charge())
+
+    def settled_after_the_first_read(read: int) -> None:
+        if read == 1:
+            Job.objects.filter(pk=j.pk).update(result={"written": "meanwhile"})
+
     with override_settings(PGJOBS_ENCRYPTION_KEYS=[NEW_KEY, OLD_KEY]):
-        from django_pgjobs import transitions
-
-        real = transitions.jobs_to_reseal
-        calls = [0]
-
-        def settled_in_between(after: int, limit: int, *, using: str) -> Any:
-            window = real(after, limit, using=using)
-            calls[0] += 1
-            if calls[0] == 1:  # a worker writes the job's result after the rotation read it
-                Job.objects.filter(pk=j.pk).update(result={"written": "meanwhile"})
-            return window
-
-        transitions.jobs_to_reseal = settled_in_between  # type: ignore[assignment]
-        try:
+        with after_each_window_read(settled_after_the_first_read):
             done = rotate_keys(batch=10, using="default")
-        finally:
-            transitions.jobs_to_reseal = real  # type: ignore[assignment]
         stored = Job.objects.get(pk=j.pk)
         assert stored.result == {"written": "meanwhile"}  # not overwritten by the old read
         assert {key for _, key in envelopes(stored.payload)} == {key_of(NEW_KEY)}
@@ -355,26 +369,18 @@ def test_rotation_skips_a_row_a_worker_holds_instead_of_waiting_and_seals_it_onc
 
 def test_a_rotation_whose_rows_change_at_every_reading_stops_by_name_and_can_go_on() -> None:
     j = enqueue("tests.encrypted_charge", charge())
+    reads: list[int] = []
+
+    def rewritten_after_each_read(read: int) -> None:
+        reads.append(read)
+        Job.objects.filter(pk=j.pk).update(result={"n": read})
+
     with override_settings(PGJOBS_ENCRYPTION_KEYS=[NEW_KEY, OLD_KEY]):
-        from django_pgjobs import transitions
-
-        real = transitions.jobs_to_reseal
-        written = [0]
-
-        def rewritten_each_time(after: int, limit: int, *, using: str) -> Any:
-            window = real(after, limit, using=using)
-            written[0] += 1  # a writer rewrites the row between each reading and its write
-            Job.objects.filter(pk=j.pk).update(result={"n": written[0]})
-            return window
-
-        transitions.jobs_to_reseal = rewritten_each_time  # type: ignore[assignment]
-        try:
-            with pytest.raises(CommandError, match="changed each time they were read, 10 "
-                                                   "times in a row; run pgjobs_rotate_keys"):
-                call_command("pgjobs_rotate_keys")
-        finally:
-            transitions.jobs_to_reseal = real  # type: ignore[assignment]
-        assert written[0] == 10
+        with after_each_window_read(rewritten_after_each_read), pytest.raises(
+                CommandError, match="changed each time they were read, 10 times in a row; "
+                                    "run pgjobs_rotate_keys"):
+            call_command("pgjobs_rotate_keys")
+        assert reads == list(range(1, 11))
         call_command("pgjobs_rotate_keys")  # the writer stopped: it goes on and ends
         assert stale_values(batch=10, using="default") == {}
 

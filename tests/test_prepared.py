@@ -14,7 +14,7 @@ from django_pgjobs import prepared
 from django_pgjobs.models import Job
 from django_pgjobs.prepared import Statement
 from django_pgjobs.status import JobStatus
-from django_pgjobs.transitions import claim_jobs, settle_and_claim
+from django_pgjobs.transitions import claim_jobs, settle, settle_and_claim
 from tests.conftest import succeeded
 from tests.factories import JobFactory
 
@@ -346,8 +346,6 @@ def session_jit() -> str:
 def test_a_workers_claim_and_settle_run_without_jit_and_the_session_keeps_its_setting(
         enabled: bool, jit_seen: Callable[[], list[tuple[str, str]]]) -> None:
     # Past jit_above_cost every execution of the claim was compiled again, 30 to 60 ms.
-    from django_pgjobs.transitions import settle
-
     for _ in range(3):
         JobFactory(status=JobStatus.READY, queue="jit")
     with override_settings(PGJOBS_PREPARED_STATEMENTS=enabled):
@@ -368,8 +366,6 @@ def test_a_workers_claim_and_settle_run_without_jit_and_the_session_keeps_its_se
 @pytest.mark.django_db(transaction=True)
 def test_jit_is_left_alone_in_a_transaction_the_caller_opened_or_manages(
         jit_seen: Callable[[], list[tuple[str, str]]]) -> None:
-    from django_pgjobs.transitions import settle
-
     JobFactory.create_batch(2, status=JobStatus.READY, queue="jit")
     [claimed] = claim_jobs("w", "jit", 1)
     with connection.cursor() as cursor:
