@@ -59,7 +59,13 @@ def main() -> None:
                    "--concurrency", "1", "--batch-size", "10", "--log-level", "WARNING"]
         workers = [subprocess.Popen(command, env=harness.child_env(DATABASE), cwd=harness.ROOT)
                    for _ in range(args.workers)]
-        codes = [worker.wait(timeout=600) for worker in workers]
+        try:
+            codes = [worker.wait(timeout=600) for worker in workers]
+        finally:
+            for worker in workers:
+                if worker.poll() is None:  # the wait timed out: none is left running
+                    worker.kill()
+                    worker.wait()
         if any(codes):
             raise SystemExit(f"a worker exited with {codes}")
         drained = sizes()
