@@ -214,16 +214,18 @@ def _insert_rows(
 
 def _insert(rows: Sequence[Row], alias: str, notify: bool) -> list[Job | None]:
     """One INSERT of ``rows``; each row's job, the one holding its key, or None if that is gone."""
+    keyed = any(row.keyed for row in rows)
     if len(rows) == 1 and rows[0].graph is None:
         [row] = rows
         names, returned = transitions.insert_job(
             {**dict(zip(ROW_COLUMNS, row.values, strict=True)), "traceparent": row.traceparent},
-            notify=notify, using=alias)
+            keyed=keyed, notify=notify, using=alias)
     else:
         combinations, own = _many_rows(rows)
         shared = [list(column) for column in
                   zip(*(c.head + c.tail for c in combinations), strict=True)]
-        names, returned = transitions.insert_jobs(own, shared, notify=notify, using=alias)
+        names, returned = transitions.insert_jobs(own, shared, keyed=keyed, notify=notify,
+                                                  using=alias)
     return _pair_with_rows(rows, returned, names, alias)
 
 
@@ -286,7 +288,7 @@ def _pair_with_rows(
     jobs: list[Job | None] = []
     for row in rows:
         found: tuple[Any, ...] | None
-        if row.tick is None and not row.combination.keyed:
+        if not row.keyed:
             found = next(unkeyed)
         elif row.idempotency_key is not None:
             found = inserted.pop(("idempotency", row.task, row.idempotency_key), None)

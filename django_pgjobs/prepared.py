@@ -71,7 +71,7 @@ class Statement:
     """
 
     def __init__(self, key: str, text: str, *, same_values: bool = False,
-                 without_jit: bool = False) -> None:
+                 without_jit: bool = False, reads_times: bool = False) -> None:
         numbered, self.names, positional = _numbered(text)
         self.text = text
         # The same statement with ``%s`` in every place, to be sent in one message with others.
@@ -87,6 +87,8 @@ class Statement:
         # EXECUTE with them written in.
         self.same_values = same_values
         self.without_jit = without_jit
+        # Its answer has timestamptz columns, read by psycopg's loader where it may be.
+        self.reads_times = reads_times
         # The names of its result's columns, read from its first result.
         self.columns: list[str] | None = None
         # Where a named statement's ``%s`` stand in ``positional``: the name of each.
@@ -176,6 +178,8 @@ def run(
     """
     connection = connections[using]
     with connection.cursor() as cursor:
+        if any(statement.reads_times for statement, _ in statements):
+            read_times_with_psycopgs_loader(connection, cursor.cursor)
         if not isinstance(cursor.cursor, psycopg.ClientCursor):
             # Server-side binding: one statement per message, each in full (and JIT as the
             # server has it: turning it off would cost a round trip of its own).
@@ -220,6 +224,25 @@ def run(
     for name in planned:
         session.planned_at[name] = now
     return results
+
+
+def read_times_with_psycopgs_loader(connection: BaseDatabaseWrapper, raw: Any) -> None:
+    """Read psycopg cursor ``raw``'s timestamptz columns with psycopg's own loader, compiled
+    when it is.
+
+    Django's loader is pure Python (it pins the time zone it wants): three times parsed with
+    it were a sixth of a single enqueue's client CPU, and a third of reading a bulk enqueue's
+    rows back. Where psycopg's loader gives the very time zone Django's would (UTC unless the
+    database's TIME_ZONE says otherwise; not at all with USE_TZ = False), the values are the
+    same. Registering it costs a cursor about 9 µs: only statements that read times ask
+    (``Statement(reads_times=True)``).
+    """
+    if connection.timezone is raw.connection.info.timezone:
+        raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
+
+
+_TIMESTAMPTZ_LOADER = psycopg.adapters.get_loader(
+    psycopg.postgres.types["timestamptz"].oid, psycopg.pq.Format.TEXT)
 
 
 def _carries_its_transaction(connection: BaseDatabaseWrapper, raw: Any) -> bool:

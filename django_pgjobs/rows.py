@@ -89,6 +89,12 @@ class Row:
         return None if self.tick is None else self.tick.scheduled_at
 
     @property
+    def keyed(self) -> bool:
+        """Whether a unique index may refuse it: it has an idempotency key, a unique key or a
+        schedule tick."""
+        return self.tick is not None or self.combination.keyed
+
+    @property
     def values(self) -> tuple[Any, ...]:
         """The row's values in ROW_COLUMNS' order."""
         return (*self.combination.head, self.encoded, *self.combination.tail,

@@ -50,7 +50,6 @@ from functools import cache
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.backends.utils import CursorWrapper
 from django.db.models import Exists, F, QuerySet
@@ -80,10 +79,11 @@ from .validation import limit_key_problem, max_running_problem, queue_problem, s
 
 
 def insert_job(
-    values: Mapping[str, Any], *, notify: bool, using: str
+    values: Mapping[str, Any], *, keyed: bool, notify: bool, using: str
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """INSERT one job in the caller's transaction; its answer's column names and row (none if a
-    unique index refused it). ``values`` are named as the statement's parameters.
+    unique index refused it). ``values`` are named as the statement's parameters; ``keyed``
+    says whether the job has a key or a tick a unique index may refuse (``sql.inserted_rows``).
 
     Only ``enqueue`` calls this, with values it checked (``options.check_options``).
 
@@ -97,32 +97,36 @@ def insert_job(
     connection = connections[using]
     if prepared.outside_any_transaction(connection) and prepared.enabled(using):
         try:
-            [(names, rows)] = prepared.run(using, [(_INSERT_JOB, params)])
+            [(names, rows)] = prepared.run(using, [(_INSERT_JOB[keyed], params)])
             return names, rows
         except DatabaseError as error:
             if not prepared.lost_statement(error):
                 raise
     with connection.cursor() as cursor:
-        _read_times_with_psycopgs_loader(cursor, using)
-        cursor.execute(sql.query("insert_job"), params)
+        prepared.read_times_with_psycopgs_loader(connections[using], cursor.cursor)
+        cursor.execute(_INSERT_JOB[keyed].text, params)
         return _answer_names(cursor, one=True), cursor.fetchall()
 
 
-_INSERT_JOB = prepared.Statement("insert_job", sql.query("insert_job"))
+# By whether the job has a key or a tick.
+_INSERT_JOB = {keyed: prepared.Statement("insert_job", sql.inserted_rows("insert_job", keyed),
+                                          reads_times=True)
+               for keyed in (False, True)}
 
 
 def insert_jobs(
-    own: str, shared: Sequence[list[Any]], *, notify: bool, using: str
+    own: str, shared: Sequence[list[Any]], *, keyed: bool, notify: bool, using: str
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """INSERT many jobs with one statement in the caller's transaction; the answer's column
-    names and rows, one per job inserted (a unique index may refuse some).
+    names and rows, one per job inserted (a unique index may refuse some of them when
+    ``keyed``: some job has a key or a tick, ``sql.inserted_rows``).
 
     ``shared`` holds a list per shared column, an element per combination of task and options;
     ``own`` each job's own values, one JSON document (``insert_jobs`` in ``sql/jobs.sql``).
     """
     with connections[using].cursor() as cursor:
-        _read_times_with_psycopgs_loader(cursor, using)
-        cursor.execute(sql.query("insert_jobs"), [own, *shared, notify])
+        prepared.read_times_with_psycopgs_loader(connections[using], cursor.cursor)
+        cursor.execute(sql.inserted_rows("insert_jobs", keyed), [own, *shared, notify])
         return _answer_names(cursor, one=False), cursor.fetchall()
 
 
@@ -194,23 +198,6 @@ def _answer_names(cursor: CursorWrapper, one: bool) -> list[str]:
 
 
 _ANSWER_NAMES: dict[bool, list[str]] = {}
-_TIMESTAMPTZ_LOADER = psycopg.adapters.get_loader(
-    psycopg.postgres.types["timestamptz"].oid, psycopg.pq.Format.TEXT)
-
-
-def _read_times_with_psycopgs_loader(cursor: CursorWrapper, using: str) -> None:
-    """Read this cursor's timestamptz columns with psycopg's own loader, compiled when it is.
-
-    Django's loader is pure Python (it pins the time zone it wants), and parsing three times
-    per returned row with it was a third of the cost of reading an enqueue's rows back. Where
-    psycopg's loader gives the very time zone Django's would (UTC unless the database's
-    TIME_ZONE says otherwise; not at all with USE_TZ = False), the values are the same.
-    """
-    raw = cursor.cursor
-    if connections[using].timezone is raw.connection.info.timezone:
-        raw.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
-
-
 # --- 1. the claim ------------------------------------------------------------------------------
 
 # A claim's floor at one priority: the (run_at, id) of the last job claimed there.

@@ -115,6 +115,29 @@ def test_enqueue_many_is_one_statement_in_order() -> None:
     assert Job.objects.count() == 50
 
 
+@pytest.mark.parametrize("key", ["idempotency_key", "unique_key", "tick"])
+@pytest.mark.parametrize("count", [1, 3])
+def test_only_an_insert_with_a_key_or_a_tick_skips_conflicts_and_each_key_still_dedupes(
+        key, count) -> None:
+    from tests.factories import ScheduleFactory
+
+    tick = Tick(ScheduleFactory().pk, timezone.now()) if key == "tick" else None
+    options = {} if key == "tick" else {key: "k"}
+
+    def specs() -> list[JobSpec]:
+        plain = [JobSpec.of("tests.ok", {"i": i}) for i in range(count - 1)]
+        return [*plain, JobSpec("tests.ok", {"i": "keyed"}, options, tick=tick)]
+
+    with CaptureQueriesContext(connection) as queries:
+        django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"i": i}) for i in range(count)])
+        first = django_pgjobs.enqueue_many(specs())
+        again = django_pgjobs.enqueue_many(specs())
+    inserts = [q for q in sent_by(queries) if "INSERT INTO pgjobs_job" in q]
+    assert ["ON CONFLICT DO NOTHING" in q for q in inserts] == [False, True, True]
+    assert (first[-1].created, again[-1].created, again[-1].pk) == (True, False, first[-1].pk)
+    assert Job.objects.count() == 3 * count - 1
+
+
 def test_a_key_repeated_in_one_batch_costs_one_read_of_its_holder() -> None:
     specs = [JobSpec.of("tests.ok", {"i": "dup"}, idempotency_key="k"),
              JobSpec.of("tests.ok", {"i": "dup-again"}, idempotency_key="k"),

@@ -264,6 +264,46 @@ def test_an_enqueue_in_autocommit_is_prepared_and_one_in_a_transaction_sent_in_f
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_enqueue_with_a_key_in_autocommit_is_prepared_apart_and_still_dedupes() -> None:
+    from django_pgjobs import enqueue
+
+    with CaptureQueriesContext(connection) as queries:
+        plain = enqueue("tests.ok", {"n": 1})
+        first = enqueue("tests.ok", {"n": 2}, idempotency_key="k")
+        again = enqueue("tests.ok", {"n": 3}, idempotency_key="k")
+    prepares = [q for q in sent(queries) if q.startswith("PREPARE pgjobs_insert_job_")]
+    assert len(prepares) == 2
+    assert ["ON CONFLICT DO NOTHING" in q for q in prepares] == [False, True]
+    assert (first.created, again.created, again.pk) == (True, False, first.pk)
+    assert sorted(Job.objects.values_list("pk", flat=True)) == sorted([plain.pk, first.pk])
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+@pytest.mark.django_db(transaction=True)
+def test_enqueued_times_are_read_by_psycopgs_loader_and_equal_the_stored_ones(
+        monkeypatch, settings, use_tz: bool) -> None:
+    from django.db.backends.postgresql.psycopg_any import BaseTzLoader
+
+    from django_pgjobs import enqueue
+
+    settings.USE_TZ = use_tz
+    djangos = BaseTzLoader.load
+    read = []
+    monkeypatch.setattr(BaseTzLoader, "load", lambda self, data: read.append(data) or djangos(
+        self, data))
+    answered = [enqueue("tests.ok", {"n": n}) for n in range(2)]  # prepared
+    with transaction.atomic():
+        answered.append(enqueue("tests.ok", {"n": 2}))  # sent in full
+    # Django's loader reads the times only where it gives another zone: without time zones.
+    assert len(read) == (0 if use_tz else 3 * 3)
+    read.clear()
+    times = [(j.created_at, j.run_at, j.deadline) for j in answered]
+    stored = [(j.created_at, j.run_at, j.deadline) for j in
+              (Job.objects.get(pk=job.pk) for job in answered)]
+    assert repr(times) == repr(stored)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_enqueue_whose_statement_the_session_lost_is_sent_in_full_and_nothing_fails() -> None:
     from django_pgjobs import enqueue
 

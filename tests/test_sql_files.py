@@ -39,7 +39,7 @@ def blocks() -> dict[str, tuple[str, str]]:
 
 def callers(name: str) -> set[str]:
     """The package's modules that run the block called ``name``."""
-    needles = (f'query("{name}")', f'resealed_rows("{name}"')
+    needles = (f'query("{name}")', f'resealed_rows("{name}"', f'inserted_rows("{name}"')
     return {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
             if any(needle in p.read_text() for needle in needles)}
 

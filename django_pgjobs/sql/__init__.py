@@ -2,8 +2,9 @@
 
 Each ``*.sql`` file in this folder holds blocks that start with a ``-- name: <name>`` line.
 Parameters are always bound (``%s`` or ``%(name)s``); the only text ever spliced in is a whole
-number the code chose (the claim's ``{limit}``), another block of these files (``{rows}``) or
-a lock's wait policy (``resealed_rows``), never a value.
+number the code chose (the claim's ``{limit}``), another block of these files (``{rows}``), a
+lock's wait policy (``resealed_rows``) or an INSERT's conflict clause (``inserted_rows``),
+never a value.
 """
 
 from __future__ import annotations
@@ -39,3 +40,14 @@ def resealed_rows(name: str, count: int) -> str:
     holds (``SKIP LOCKED``), since waiting on one while holding others could close a deadlock
     cycle; a single row waits for its lock, which cannot."""
     return query(name).replace("{skip_locked}", "SKIP LOCKED" if count > 1 else "")
+
+
+def inserted_rows(name: str, keyed: bool) -> str:
+    """The INSERT block ``name`` for rows of which some (``keyed``) or none have a key or a tick.
+
+    A row with an idempotency key, a unique key or a schedule tick may be refused by a unique
+    index, and is then skipped (``ON CONFLICT DO NOTHING``) and read back by the caller. A row
+    with none of them can conflict with nothing; without the clause PostgreSQL inserts it
+    without the speculative insertion that checks every unique index first.
+    """
+    return query(name).replace("{on_conflict}", "ON CONFLICT DO NOTHING" if keyed else "")

@@ -468,8 +468,8 @@ WITH inserted AS (
                traceparent, pending_dependencies, has_dependents, workflow_id)
     ) AS t
     -- Any unique index: the idempotency key's, the unique key's (while active, per period), the
-    -- schedule tick's.
-    ON CONFLICT DO NOTHING
+    -- schedule tick's; left out when no row has a key or a tick ({on_conflict}, sql.inserted_rows).
+    {on_conflict}
     RETURNING id, task, idempotency_key, unique_key, schedule_id, scheduled_at, status, run_at,
               deadline, created_at, queue
 ), notified AS (
@@ -505,7 +505,7 @@ VALUES (%(task)s, %(payload_version)s, %(queue)s, %(payload)s::jsonb,
         %(limit_max)s::int, %(rate_interval)s::float8, %(rate_burst)s::int,
         %(rate_weight)s::int, %(schedule_id)s::bigint, %(scheduled_at)s::timestamptz,
         %(traceparent)s, '', '', '', now(), now())
-ON CONFLICT DO NOTHING
+{on_conflict}
 -- Read back by column name, like insert_jobs' answer.
 RETURNING id, task, idempotency_key, unique_key, schedule_id, scheduled_at, status, run_at,
           deadline, created_at,
