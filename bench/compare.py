@@ -6,8 +6,9 @@ A restructuring or a hot-path change is judged against the code it replaces on t
 in the same minutes: the other revision is checked out into ``bench/results/checkouts/<sha>``
 (a git worktree) and its workers run from there, so each side drains with its own code while the
 jobs, the database and the neighbours are the same. Both revisions must agree on the schema
-(the migrations are this checkout's). Prints jobs/s, worker and server CPU per job and peak RSS
-per side, the medians, and the ratio.
+(the migrations are this checkout's), unless ``--own-schema``: then each drain starts from a
+database made anew and migrated by its side's own code, for a change to the schema itself.
+Prints jobs/s, worker and server CPU per job and peak RSS per side, the medians, and the ratio.
 """
 
 from __future__ import annotations
@@ -37,11 +38,16 @@ def checkout(rev: str) -> tuple[str, Path]:
     return sha, path
 
 
-def drain(system: System, root: Path, jobs: int, processes: int, batch: int) -> dict[str, Any]:
+def drain(system: System, root: Path, jobs: int, processes: int, batch: int,
+          own_schema: bool = False) -> dict[str, Any]:
     """One drain of ``jobs`` preloaded jobs by workers running the code under ``root``."""
     command = system.worker_command(burst=True, batch=batch)
     command[1] = str(root / "bench" / "manage.py")  # the manage.py that puts its tree first
     log = harness.ROOT / "bench" / "results" / "logs" / f"compare-{root.name}.log"
+    if own_schema:
+        harness.recreate_database(system.database)
+        subprocess.run([harness.PYTHON, command[1], "migrate", "--verbosity", "0"],
+                       env=harness.child_env(system.database), cwd=root, check=True)
     harness.measure(system.client, "reset", system.database)
     startup = harness.startup_cpu(system.database, command, log, system.env)
     harness.measure(system.client, "preload", system.database, n=jobs)
@@ -58,6 +64,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--own-schema", action="store_true",
+                        help="each side drains in a database migrated by its own code")
     args = parser.parse_args()
 
     sha, other = checkout(args.rev)
@@ -75,7 +83,8 @@ def main() -> None:
         for name, root in sides.items():
             print(f"[{repeat + 1}/{args.repeats}] {name}: {args.processes} processes, "
                   f"batch {args.batch}, {args.jobs} jobs", flush=True)
-            runs[name].append(drain(system, root, args.jobs, args.processes, args.batch))
+            runs[name].append(drain(system, root, args.jobs, args.processes, args.batch,
+                                    args.own_schema))
     print()
     print(f"{'':44} {'jobs/s (median)':>16} {'runs':>24} {'CPU us/job':>11} "
           f"{'server us/job':>13} {'RSS MB':>7}")

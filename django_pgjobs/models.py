@@ -7,10 +7,11 @@ invariants the database enforces.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, models, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
@@ -51,21 +52,50 @@ def validate_queue_name(value: str) -> None:
     if problem is not None:
         raise ValidationError(f"The queue {problem}.")
 
-_RUNNING_HOLDS_A_LEASE = Q(
-    status=JobStatus.RUNNING,
-    lease_token__isnull=False,
-    lease_owner__isnull=False,
-    lease_expires_at__isnull=False,
-) | (~Q(status=JobStatus.RUNNING) & Q(lease_token__isnull=True, lease_expires_at__isnull=True))
+
+# The columns the job table's rules read, in the order pgjobs_job_rules takes them. The rules
+# themselves are that PL/pgSQL function's (migration 0019, which says why not CHECK expressions):
+# a status of JobStatus; priorities within PRIORITY_MIN and PRIORITY_MAX; a lease held by a
+# running job only, and whole; a finish time on a finished job; max_attempts and lease_seconds
+# at least 1; counts never below 0; a positive timeout; a limit key with its limit (1 to
+# MAX_RUNNING_LIMIT); a rate whole, on a key of one slot; a pending job waiting for at least one
+# dependency; a schedule with its tick. Each broken rule is refused by its name.
+JOB_RULE_COLUMNS = (
+    "status", "priority", "base_priority", "attempts", "max_attempts", "snoozes",
+    "lease_seconds", "payload_version", "lease_owner", "lease_token", "lease_expires_at",
+    "finished_at", "timeout_seconds", "schedule", "scheduled_at", "limit_key", "limit_max",
+    "limit_slot", "rate_interval", "rate_burst", "rate_weight", "pending_dependencies",
+)
+
+
+
+class RulesCheck(models.CheckConstraint):
+    """The CHECK that calls pgjobs_job_rules. The function refuses a row by raising, naming the
+    rule it breaks; ``validate`` (``Model.full_clean``) turns that into a ``ValidationError``
+    naming it, and runs in a savepoint, so the caller's transaction stays usable."""
+
+    def validate(self, model: Any, instance: Any, exclude: Any = None,
+                 using: str = DEFAULT_DB_ALIAS) -> None:
+        fields = [model._meta.get_field(name) for name in JOB_RULE_COLUMNS]
+        if exclude and any(field.name in exclude for field in fields):
+            return
+        # Each value typed as its column is: the function takes exactly those types.
+        connection = connections[using]
+        arguments = ", ".join(f"%s::{field.db_type(connection) or field.rel_db_type(connection)}"
+                              for field in fields)
+        values = [field.get_db_prep_value(getattr(instance, field.attname), connection)
+                  for field in fields]
+        try:
+            with transaction.atomic(using=using), connection.cursor() as cursor:
+                cursor.execute(f"SELECT pgjobs_job_rules({arguments})", values)
+        except IntegrityError as refused:
+            raise ValidationError(str(refused).splitlines()[0], code="rules") from refused
+
 
 # The succeeded jobs whose success has no attempt row: the job keeps that attempt, and the
 # settle leaves lease_owner (its worker) only on such a job. A job that succeeded before
 # migration 0018 has a row for it and no lease_owner.
 KEPT_SUCCESS = Q(status=JobStatus.SUCCEEDED, lease_owner__isnull=False)
-
-_TERMINAL_HAS_FINISHED_AT = ~Q(
-    status__in=[JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED]
-) | Q(finished_at__isnull=False)
 
 
 class Schedule(models.Model):
@@ -165,7 +195,7 @@ class Schedule(models.Model):
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     task = models.CharField(max_length=TASK_NAME_MAX_LENGTH)
-    payload_version = models.PositiveSmallIntegerField(default=1)
+    payload_version = models.SmallIntegerField(default=1)
     queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, validators=[validate_queue_name])
     payload = models.JSONField()
     status = models.CharField(max_length=16, choices=JobStatus.choices)
@@ -173,11 +203,11 @@ class Job(models.Model):
     priority = models.SmallIntegerField(default=0)
     base_priority = models.SmallIntegerField(default=0)
     run_at = models.DateTimeField(db_default=Now())
-    attempts = models.PositiveIntegerField(default=0)
-    max_attempts = models.PositiveIntegerField()
-    snoozes = models.PositiveIntegerField(default=0)
+    attempts = models.IntegerField(default=0)
+    max_attempts = models.IntegerField()
+    snoozes = models.IntegerField(default=0)
     deadline = models.DateTimeField(null=True, blank=True)
-    lease_seconds = models.PositiveIntegerField()
+    lease_seconds = models.IntegerField()
     # NULL, not "", for "none": the lease check constraint and the partial unique index on
     # idempotency_key both test IS NULL.
     lease_owner = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
@@ -190,7 +220,6 @@ class Job(models.Model):
     # gets a row: its facts stay here, with lease_owner (its worker), finished_at and
     # duration_ms (its handler's time), which only a succeeded job keeps.
     claimed_at = models.DateTimeField(null=True, blank=True)
-    # An IntegerField: a PositiveIntegerField's CHECK would cost every single enqueue.
     duration_ms = models.IntegerField(null=True, blank=True)
     idempotency_key = models.CharField(  # noqa: DJ001
         max_length=KEY_MAX_LENGTH, null=True, blank=True
@@ -218,14 +247,14 @@ class Job(models.Model):
     limit_key = models.CharField(  # noqa: DJ001
         max_length=LIMIT_KEY_MAX_LENGTH, null=True, blank=True
     )
-    limit_max = models.PositiveIntegerField(null=True, blank=True)
-    limit_slot = models.PositiveSmallIntegerField(null=True, blank=True)
+    limit_max = models.IntegerField(null=True, blank=True)
+    limit_slot = models.SmallIntegerField(null=True, blank=True)
     # Under a Rate (limit_max 1: the key's one slot is held by the job that starts next, from
     # when it is given it until its claim): seconds between starts of one unit of weight, how
     # many units may start at once, and how many this job weighs.
     rate_interval = models.FloatField(null=True, blank=True)
-    rate_burst = models.PositiveIntegerField(null=True, blank=True)
-    rate_weight = models.PositiveIntegerField(null=True, blank=True)
+    rate_burst = models.IntegerField(null=True, blank=True)
+    rate_weight = models.IntegerField(null=True, blank=True)
     failure_class = models.CharField(
         max_length=32, blank=True, default="", choices=FailureClass.choices
     )
@@ -324,21 +353,13 @@ class Job(models.Model):
             ),
         ]
         constraints = [
-            models.CheckConstraint(
-                condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX)
-                & Q(base_priority__gte=PRIORITY_MIN, base_priority__lte=PRIORITY_MAX),
-                name="pgjobs_job_priority_range",
-            ),
-            models.CheckConstraint(
-                condition=Q(status__in=JobStatus.values), name="pgjobs_job_status_valid"
-            ),
-            models.CheckConstraint(condition=_RUNNING_HOLDS_A_LEASE, name="pgjobs_job_lease_state"),
-            models.CheckConstraint(
-                condition=_TERMINAL_HAS_FINISHED_AT, name="pgjobs_job_terminal_finished"
-            ),
-            models.CheckConstraint(
-                condition=Q(max_attempts__gte=1) & Q(lease_seconds__gte=1),
-                name="pgjobs_job_bounds",
+            # The table's rules (status, priority range, lease state, bounds, limits, rates,
+            # ticks...), each named, in one PL/pgSQL function: see JOB_RULE_COLUMNS.
+            RulesCheck(
+                condition=models.Func(*(models.F(c) for c in JOB_RULE_COLUMNS),
+                                      function="pgjobs_job_rules",
+                                      output_field=models.BooleanField()),
+                name="pgjobs_job_rules",
             ),
             models.UniqueConstraint(
                 fields=["task", "idempotency_key"],
@@ -357,37 +378,11 @@ class Job(models.Model):
                 condition=Q(unique_period_start__isnull=False),
                 name="pgjobs_job_unique_per_period",
             ),
-            models.CheckConstraint(
-                condition=Q(timeout_seconds__isnull=True) | Q(timeout_seconds__gt=0),
-                name="pgjobs_job_timeout_positive",
-            ),
             # Exactly one job per (schedule, tick), however many workers enqueue at once.
             models.UniqueConstraint(
                 fields=["schedule", "scheduled_at"],
                 condition=Q(schedule__isnull=False),
                 name="pgjobs_job_schedule_tick",
-            ),
-            models.CheckConstraint(
-                condition=Q(limit_key__isnull=True, limit_max__isnull=True)
-                | Q(limit_key__isnull=False, limit_max__gte=1, limit_max__lte=MAX_RUNNING_LIMIT),
-                name="pgjobs_job_limit_pair",
-            ),
-            models.CheckConstraint(
-                condition=Q(rate_interval__isnull=True, rate_burst__isnull=True,
-                            rate_weight__isnull=True)
-                | Q(limit_key__isnull=False, limit_max=1, rate_interval__gt=0,
-                    rate_weight__gte=1, rate_burst__gte=models.F("rate_weight"),
-                    rate_burst__lte=MAX_RUNNING_LIMIT),
-                name="pgjobs_job_rate_whole",
-            ),
-            models.CheckConstraint(
-                condition=~Q(status=JobStatus.PENDING) | Q(pending_dependencies__gte=1),
-                name="pgjobs_job_pending_waits",
-            ),
-            models.CheckConstraint(
-                condition=Q(schedule__isnull=True, scheduled_at__isnull=True)
-                | Q(schedule__isnull=False, scheduled_at__isnull=False),
-                name="pgjobs_job_tick_pair",
             ),
         ]
         permissions = [

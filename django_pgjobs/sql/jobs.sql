@@ -172,7 +172,7 @@ WITH claim AS (
         updated_at = statement_timestamp()
     FROM reported AS r
     -- The reported jobs by their primary key, each still running under the reported token:
-    -- only a running job holds a token (the table's check pgjobs_job_lease_state), so the
+    -- only a running job holds a token (the table's rule pgjobs_job_lease_state), so the
     -- token's match says it. Neither is left to the planner. Told "running" as well, it may
     -- read every running job from the lease index and hash them; told only the join, it
     -- guesses a hundred reports and may read the whole table. While a snapshot is held open
