@@ -68,7 +68,6 @@ JOB_RULE_COLUMNS = (
 )
 
 
-
 class RulesCheck(models.CheckConstraint):
     """The CHECK that calls pgjobs_job_rules. The function refuses a row by raising, naming the
     rule it breaks; ``validate`` (``Model.full_clean``) turns that into a ``ValidationError``
@@ -208,8 +207,8 @@ class Job(models.Model):
     snoozes = models.IntegerField(default=0)
     deadline = models.DateTimeField(null=True, blank=True)
     lease_seconds = models.IntegerField()
-    # NULL, not "", for "none": the lease check constraint and the partial unique index on
-    # idempotency_key both test IS NULL.
+    # NULL, not "", for "none": the lease rule (pgjobs_job_lease_state) and the partial unique
+    # index on idempotency_key both test IS NULL.
     lease_owner = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
