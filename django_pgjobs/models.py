@@ -11,7 +11,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, models, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DataError,
+    IntegrityError,
+    connections,
+    models,
+    transaction,
+)
 from django.db.models import Q
 from django.db.models.functions import Now
 
@@ -57,9 +64,9 @@ def validate_queue_name(value: str) -> None:
 # themselves are that PL/pgSQL function's (migration 0019, which says why not CHECK expressions):
 # a status of JobStatus; priorities within PRIORITY_MIN and PRIORITY_MAX; a lease held by a
 # running job only, and whole; a finish time on a finished job; max_attempts and lease_seconds
-# at least 1; counts never below 0; a positive timeout; a limit key with its limit (1 to
-# MAX_RUNNING_LIMIT); a rate whole, on a key of one slot; a pending job waiting for at least one
-# dependency; a schedule with its tick. Each broken rule is refused by its name.
+# at least 1; counts (and a rate's burst) never below 0; a positive timeout; a limit key with
+# its limit (1 to MAX_RUNNING_LIMIT); a rate whole, on a key of one slot; a pending job waiting
+# for at least one dependency; a schedule with its tick. Each broken rule is refused by its name.
 JOB_RULE_COLUMNS = (
     "status", "priority", "base_priority", "attempts", "max_attempts", "snoozes",
     "lease_seconds", "payload_version", "lease_owner", "lease_token", "lease_expires_at",
@@ -87,7 +94,7 @@ class RulesCheck(models.CheckConstraint):
         try:
             with transaction.atomic(using=using), connection.cursor() as cursor:
                 cursor.execute(f"SELECT pgjobs_job_rules({arguments})", values)
-        except IntegrityError as refused:
+        except (IntegrityError, DataError) as refused:  # a rule broken; a value out of range
             raise ValidationError(str(refused).splitlines()[0], code="rules") from refused
 
 

@@ -74,6 +74,8 @@ def broken_rule(**changed: Any) -> str | None:
     ({"snoozes": -1}, "pgjobs_job_counts"),
     ({"payload_version": -1}, "pgjobs_job_counts"),
     ({"limit_key": "k:1", "limit_max": 2, "limit_slot": -1}, "pgjobs_job_counts"),
+    # A burst alone, without the weight that makes the rate rule whole, is still no count.
+    ({"limit_key": "k:1", "limit_max": 1, "rate_burst": -1}, "pgjobs_job_counts"),
     ({"timeout_seconds": 0.0}, "pgjobs_job_timeout_positive"),
     ({"limit_key": "k:1", "limit_max": 0}, "pgjobs_job_limit_pair"),
     ({"limit_max": 3}, "pgjobs_job_limit_pair"),
@@ -141,3 +143,12 @@ def test_a_jobs_constraints_validate_in_python_through_the_rules() -> None:
         with pytest.raises(ValidationError, match="pgjobs_job_lease_state"):
             job.validate_constraints()
         assert Job.objects.get(pk=job.pk).status == JobStatus.READY  # the transaction goes on
+
+
+def test_a_value_out_of_its_columns_range_fails_validation_by_name_not_by_a_data_error() -> None:
+    job = django_pgjobs.enqueue("tests.ok", {})
+    job.priority = 40_000  # past smallint: no rule is reached, the value itself is refused
+    with transaction.atomic():
+        with pytest.raises(ValidationError, match="smallint"):
+            job.validate_constraints()
+        assert Job.objects.filter(pk=job.pk).exists()  # the transaction goes on

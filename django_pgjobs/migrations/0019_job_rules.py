@@ -48,7 +48,8 @@ BEGIN
             THEN 'pgjobs_job_terminal_finished'
         WHEN NOT (max_attempts >= 1 AND lease_seconds >= 1)
             THEN 'pgjobs_job_bounds'
-        WHEN NOT (attempts >= 0 AND snoozes >= 0 AND payload_version >= 0 AND limit_slot >= 0)
+        WHEN NOT (attempts >= 0 AND snoozes >= 0 AND payload_version >= 0 AND limit_slot >= 0
+                  AND rate_burst >= 0)
             THEN 'pgjobs_job_counts'
         WHEN NOT (timeout_seconds IS NULL OR timeout_seconds > 0)
             THEN 'pgjobs_job_timeout_positive'
