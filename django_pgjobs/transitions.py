@@ -103,7 +103,7 @@ def insert_job(
             if not prepared.lost_statement(error):
                 raise
     with connection.cursor() as cursor:
-        prepared.read_times_with_psycopgs_loader(connections[using], cursor.cursor)
+        prepared.read_times_with_psycopgs_loader(connection, cursor.cursor)
         cursor.execute(_INSERT_JOB[keyed].text, params)
         return _answer_names(cursor, one=True), cursor.fetchall()
 

@@ -93,6 +93,19 @@ REPLACED = (
     "pgjobs_job_tick_pair",
 )
 
+# The positive integer fields, made plain: their "not below 0" is a rule above, or implied by one.
+PLAIN_INTEGERS = (
+    ("payload_version", models.SmallIntegerField(default=1)),
+    ("attempts", models.IntegerField(default=0)),
+    ("max_attempts", models.IntegerField()),
+    ("snoozes", models.IntegerField(default=0)),
+    ("lease_seconds", models.IntegerField()),
+    ("limit_max", models.IntegerField(blank=True, null=True)),
+    ("limit_slot", models.SmallIntegerField(blank=True, null=True)),
+    ("rate_burst", models.IntegerField(blank=True, null=True)),
+    ("rate_weight", models.IntegerField(blank=True, null=True)),
+)
+
 
 class Migration(migrations.Migration):
 
@@ -103,37 +116,8 @@ class Migration(migrations.Migration):
     operations = [
         migrations.RunSQL(RULES, UNDO_RULES),
         *(migrations.RemoveConstraint(model_name="job", name=name) for name in REPLACED),
-        migrations.AlterField(
-            model_name="job", name="payload_version", field=models.SmallIntegerField(default=1),
-        ),
-        migrations.AlterField(
-            model_name="job", name="attempts", field=models.IntegerField(default=0),
-        ),
-        migrations.AlterField(
-            model_name="job", name="max_attempts", field=models.IntegerField(),
-        ),
-        migrations.AlterField(
-            model_name="job", name="snoozes", field=models.IntegerField(default=0),
-        ),
-        migrations.AlterField(
-            model_name="job", name="lease_seconds", field=models.IntegerField(),
-        ),
-        migrations.AlterField(
-            model_name="job", name="limit_max",
-            field=models.IntegerField(blank=True, null=True),
-        ),
-        migrations.AlterField(
-            model_name="job", name="limit_slot",
-            field=models.SmallIntegerField(blank=True, null=True),
-        ),
-        migrations.AlterField(
-            model_name="job", name="rate_burst",
-            field=models.IntegerField(blank=True, null=True),
-        ),
-        migrations.AlterField(
-            model_name="job", name="rate_weight",
-            field=models.IntegerField(blank=True, null=True),
-        ),
+        *(migrations.AlterField(model_name="job", name=name, field=field)
+          for name, field in PLAIN_INTEGERS),
         migrations.AddConstraint(
             model_name="job",
             constraint=django_pgjobs.models.RulesCheck(
