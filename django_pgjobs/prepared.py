@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from django.core.signals import setting_changed
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -148,10 +149,32 @@ class _Session:
 # one wrapper after another, and its session keeps what was prepared on it.
 _sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 _lost_sessions: dict[str, int] = {}
+# Each alias's answer to ``enabled``.
+_decided: dict[str, bool] = {}
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DATABASES" or setting.startswith("PGJOBS_"):
+        _decided.clear()
+
+
+setting_changed.connect(_on_setting_changed)
 
 
 def enabled(using: str) -> bool:
-    """Whether the hot statements are prepared on database ``using``."""
+    """Whether the hot statements are prepared on database ``using``.
+
+    Decided from the settings at the first call for an alias, and kept: a single enqueue asks
+    twice, and reading them was a fiftieth of its client's CPU. Decided again once a setting
+    changes (``setting_changed``) or the alias's sessions keep losing their statements.
+    """
+    decided = _decided.get(using)
+    if decided is None:
+        decided = _decided[using] = _decide(using)
+    return decided
+
+
+def _decide(using: str) -> bool:
     chosen = settings.PREPARED_STATEMENTS
     if _lost_sessions.get(using, 0) >= _LOST_SESSION_LIMIT:
         return False
@@ -284,9 +307,12 @@ def _without_jit(connection: BaseDatabaseWrapper, statements: Sequence[tuple[Sta
 def outside_any_transaction(connection: BaseDatabaseWrapper) -> bool:
     """Whether a statement sent now is its own transaction: autocommit, and no transaction
     the caller opened with a ``BEGIN`` of its own."""
-    if not connection.get_autocommit():
+    if connection.connection is None:
+        connection.ensure_connection()
+    # What get_autocommit() answers once connected, read without its second look at the
+    # connection: asked on every single enqueue.
+    if not connection.autocommit:
         return False
-    connection.ensure_connection()
     status = connection.connection.info.transaction_status
     return bool(status == psycopg.pq.TransactionStatus.IDLE)
 
@@ -411,6 +437,7 @@ def _forget(session: _Session, using: str, error: BaseException) -> None:
     if lost_statement(error):
         count = _lost_sessions[using] = _lost_sessions.get(using, 0) + 1
         if count == _LOST_SESSION_LIMIT:
+            _decided.pop(using, None)
             logger.warning(
                 "prepared statements keep disappearing from the sessions of database %r (is a "
                 "pooler in transaction mode in between?); its statements are sent in full from "

@@ -28,6 +28,7 @@ DIVIDE = Statement("test_divide", "SELECT 10 / %s::int AS q")
 def fresh_session(monkeypatch) -> Iterator[None]:
     """Each test starts from a session that holds none of the library's statements."""
     monkeypatch.setattr(prepared, "_lost_sessions", {})
+    monkeypatch.setattr(prepared, "_decided", {})
     prepared.reset("default")
     yield
     prepared.reset("default")
@@ -169,6 +170,14 @@ def test_where_statements_are_prepared(monkeypatch, setting, database, expected)
             monkeypatch.setitem(settings_dict, key, value)
     with override_settings(PGJOBS_PREPARED_STATEMENTS=setting):
         assert prepared.enabled("default") is expected
+
+
+def test_the_decision_is_kept_and_made_again_when_a_setting_changes() -> None:
+    assert prepared.enabled("default")
+    with override_settings(PGJOBS_PREPARED_STATEMENTS=False):
+        assert not prepared.enabled("default")
+        assert not prepared.enabled("default")
+    assert prepared.enabled("default")
 
 
 def test_claims_and_settles_prepared_go_on_where_those_sent_in_full_left_off() -> None:
@@ -424,3 +433,19 @@ def test_jit_is_left_alone_in_a_transaction_the_caller_opened_or_manages(
         transaction.set_autocommit(True)
     # The first claim's own; what ran in the caller's transactions was rolled back with them.
     assert jit_seen() == [("running", "off")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_any_transaction_connects_and_reads_the_session() -> None:
+    connection.close()
+    assert prepared.outside_any_transaction(connection)
+    assert connection.connection is not None
+    with connection.cursor() as cursor:
+        connection.connection.autocommit = False
+        cursor.execute("SELECT 1")  # psycopg's own BEGIN: a transaction Django did not open
+        assert not prepared.outside_any_transaction(connection)
+        connection.connection.rollback()
+        connection.connection.autocommit = True
+    with transaction.atomic():
+        assert not prepared.outside_any_transaction(connection)
+    assert prepared.outside_any_transaction(connection)
