@@ -69,8 +69,9 @@ def enqueue_many(specs: Iterable[JobSpec], *, using: str | None = None) -> list[
 
 
 def _traced_insert(rows: Sequence[Row], alias: str, notify: bool) -> list[Job]:
-    """The INSERT of ``rows``, in a span that carries its trace to the jobs when tracing is on."""
-    found = tracing.tracer()
+    """The INSERT of ``rows``, in a span that carries its trace to the jobs when there is one
+    to carry."""
+    found = tracing.send_tracer()
     if found is None:
         return _insert_all(rows, [None] * len(rows), alias, notify)
     with tracing.sending(found, rows) as sending:

@@ -156,17 +156,24 @@ class Sending:
                 span.set_attribute(DEDUPLICATED, True)
 
 
+def send_tracer() -> Any | None:
+    """The tracer for an enqueue's spans, or None when tracing is off or they could neither
+    be recorded nor carry a context to the jobs (``_nothing_to_send``): the jobs then store no
+    traceparent, and the enqueue enters no span at all (entering one that does nothing was a
+    twentieth of a single enqueue's client CPU)."""
+    found = _state.tracer if _state.resolved else _resolve()
+    return None if found is None or _nothing_to_send() else found
+
+
 @contextmanager
 def sending(found: Any, jobs: Sequence[Enqueued]) -> Iterator[Sending]:
-    """Spans for an enqueue of ``jobs``: ``send {queue}``, and a ``create`` span per job of many.
+    """Spans for an enqueue of ``jobs`` with ``send_tracer()``'s tracer: ``send {queue}``, and a
+    ``create`` span per job of many.
 
     One job's creation context is the send span itself; for many, each job gets a child span
     of its own, so every job's attempts link to a span that names that job. A send span that
     is not recorded has no children: its context is every job's.
     """
-    if _nothing_to_send():
-        yield Sending([], [None] * len(jobs))
-        return
     trace = _state.trace
     queues = sorted({job.queue for job in jobs})
     destination = queues[0] if len(queues) == 1 else None

@@ -274,15 +274,25 @@ def test_with_the_api_alone_and_no_trace_going_on_an_enqueue_starts_no_span(monk
         return start(name, **kwargs)
 
     monkeypatch.setattr(found, "start_as_current_span", counted)
+    entered: list[int] = []
+    sending = tracing.sending
+
+    def entering(found: Any, jobs: Any) -> Any:
+        entered.append(len(jobs))
+        return sending(found, jobs)
+
+    monkeypatch.setattr(tracing, "sending", entering)
     jobs = [django_pgjobs.enqueue("tests.ok", {}),
             *django_pgjobs.enqueue_many([JobSpec.of("tests.ok", {"n": n}) for n in range(2)])]
     assert started == []
+    assert entered == []  # not even the span's context manager
     assert [Job.objects.get(pk=job.pk).traceparent for job in jobs] == [None] * 3
 
     # A trace going on (a propagated header), or an SDK set up since: the span is made again.
     with trace.use_span(trace.NonRecordingSpan(INCOMING)):
         django_pgjobs.enqueue("tests.ok", {})
     assert started == ["send default"]
+    assert entered == [1]
     exporter, provider = global_sdk(monkeypatch)
     job = django_pgjobs.enqueue("tests.ok", {})
     assert [s.name for s in exporter.get_finished_spans()] == ["send default"]
