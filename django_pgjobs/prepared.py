@@ -143,6 +143,11 @@ class _Session:
     known: bool = True  # False after an error: the session is read before it is trusted
     # EXECUTEs with their values written in, of statements that repeat them.
     bound: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    # The cursor ``run`` keeps (``_kept_cursor``), the time zone it was made in, and whether
+    # it reads times with psycopg's loader.
+    cursor: Any = None
+    cursor_timezone: Any = None
+    cursor_reads_times: bool = False
 
 
 # Keyed by the psycopg connection, not Django's wrapper of it: a pool hands one connection to
@@ -200,50 +205,95 @@ def run(
     when it is the outermost block, the message opens and commits the transaction itself.
     """
     connection = connections[using]
-    with connection.cursor() as cursor:
-        if any(statement.reads_times for statement, _ in statements):
-            read_times_with_psycopgs_loader(connection, cursor.cursor)
-        if not isinstance(cursor.cursor, psycopg.ClientCursor):
-            # Server-side binding: one statement per message, each in full (and JIT as the
-            # server has it: turning it off would cost a round trip of its own).
-            results = []
-            for statement, params in statements:
-                cursor.execute(statement.positional, statement.in_place(params))
-                results += _results(connection, cursor.cursor, [(statement, params)])
-            return results
-        session = _session(connection, cursor) if enabled(using) else None
-        # Asked after _session, which may have read the session's statements in the block.
-        carried = whole_block and _carries_its_transaction(connection, cursor.cursor)
-        head = [WITHOUT_JIT] if _without_jit(connection, statements, whole_block) else []
-        if session is None:
-            texts = [*head, *(statement.positional for statement, _ in statements)]
-            values = [value for statement, params in statements
-                      for value in statement.in_place(params)]
-            with _transaction_carried(cursor.cursor, carried):
-                cursor.execute(";\n".join(_carry(texts, carried)), values)
-                return _results(connection, cursor.cursor, statements)
-        texts = head
-        planned: list[str] = []
-        now = time.monotonic()
-        raw = cursor.cursor
-        conforming = raw.connection.info.parameter_status("standard_conforming_strings") == "on"
+    reads_times = any(statement.reads_times for statement, _ in statements)
+    kept = _kept_cursor(connection)
+    if kept is None:
+        with connection.cursor() as cursor:
+            if reads_times:
+                read_times_with_psycopgs_loader(connection, cursor.cursor)
+            return _run(connection, cursor, using, statements, whole_block)
+    session, cursor = kept
+    if reads_times and not session.cursor_reads_times:
+        read_times_with_psycopgs_loader(connection, cursor.cursor)
+        session.cursor_reads_times = True
+    return _run(connection, cursor, using, statements, whole_block)
+
+
+def _kept_cursor(connection: BaseDatabaseWrapper) -> tuple[_Session, Any] | None:
+    """The cursor ``run`` keeps on ``connection``'s session, or None: make one of Django's.
+
+    Making a cursor was a tenth of a single enqueue's client CPU. A kept one is Django's all
+    the same, made by ``connection.cursor()`` for this wrapper of the connection and its time
+    zone, and made anew wherever Django's would differ: while queries are logged (each needs
+    Django's debug wrapper), before the connection's health check (Django's cursor runs it),
+    once the time zone or the wrapper changed (a pool hands a connection to one wrapper after
+    another), or once it is closed.
+    """
+    raw = connection.connection
+    if raw is None or connection.queries_logged or (
+            connection.health_check_enabled  # type: ignore[attr-defined]
+            and not connection.health_check_done):  # type: ignore[attr-defined]
+        return None
+    session = _sessions.get(raw)
+    if session is None:
+        return None
+    cursor = session.cursor
+    timezone = connection.timezone
+    if (cursor is None or cursor.db is not connection or cursor.cursor.closed
+            or session.cursor_timezone is not timezone):
+        cursor = session.cursor = connection.cursor()
+        session.cursor_timezone = timezone
+        session.cursor_reads_times = False
+    else:
+        connection.validate_thread_sharing()
+    return session, cursor
+
+
+def _run(
+    connection: BaseDatabaseWrapper, cursor: Any, using: str,
+    statements: Sequence[tuple[Statement, Sequence[Any] | Mapping[str, Any]]], whole_block: bool,
+) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
+    if not isinstance(cursor.cursor, psycopg.ClientCursor):
+        # Server-side binding: one statement per message, each in full (and JIT as the
+        # server has it: turning it off would cost a round trip of its own).
+        results = []
         for statement, params in statements:
-            planned_at = session.planned_at.get(statement.name)
-            if planned_at is None or now - planned_at >= REPLAN_SECONDS:
-                if planned_at is not None:
-                    texts.append(f"DEALLOCATE {statement.name}")
-                texts.append(statement.prepare_sent)
-                planned.append(statement.name)
-            texts.append(_bound(session, raw, conforming, statement, statement.arguments(params)))
-        try:
-            # Every value is a literal in the text already: psycopg has nothing to merge, which
-            # was a fifth of a worker's Python.
-            with _transaction_carried(raw, carried):
-                cursor.execute(";\n".join(_carry(texts, carried)))
-                results = _results(connection, raw, statements)
-        except Exception as error:
-            _forget(session, using, error)
-            raise
+            cursor.execute(statement.positional, statement.in_place(params))
+            results += _results(connection, cursor.cursor, [(statement, params)])
+        return results
+    session = _session(connection, cursor) if enabled(using) else None
+    # Asked after _session, which may have read the session's statements in the block.
+    carried = whole_block and _carries_its_transaction(connection, cursor.cursor)
+    head = [WITHOUT_JIT] if _without_jit(connection, statements, whole_block) else []
+    if session is None:
+        texts = [*head, *(statement.positional for statement, _ in statements)]
+        values = [value for statement, params in statements
+                  for value in statement.in_place(params)]
+        with _transaction_carried(cursor.cursor, carried):
+            cursor.execute(";\n".join(_carry(texts, carried)), values)
+            return _results(connection, cursor.cursor, statements)
+    texts = head
+    planned: list[str] = []
+    now = time.monotonic()
+    raw = cursor.cursor
+    conforming = raw.connection.info.parameter_status("standard_conforming_strings") == "on"
+    for statement, params in statements:
+        planned_at = session.planned_at.get(statement.name)
+        if planned_at is None or now - planned_at >= REPLAN_SECONDS:
+            if planned_at is not None:
+                texts.append(f"DEALLOCATE {statement.name}")
+            texts.append(statement.prepare_sent)
+            planned.append(statement.name)
+        texts.append(_bound(session, raw, conforming, statement, statement.arguments(params)))
+    try:
+        # Every value is a literal in the text already: psycopg has nothing to merge, which
+        # was a fifth of a worker's Python.
+        with _transaction_carried(raw, carried):
+            cursor.execute(";\n".join(_carry(texts, carried)))
+            results = _results(connection, raw, statements)
+    except Exception as error:
+        _forget(session, using, error)
+        raise
     for name in planned:
         session.planned_at[name] = now
     return results

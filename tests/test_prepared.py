@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.db import DataError, ProgrammingError, connection, connections, transaction
@@ -449,3 +450,42 @@ def test_outside_any_transaction_connects_and_reads_the_session() -> None:
     with transaction.atomic():
         assert not prepared.outside_any_transaction(connection)
     assert prepared.outside_any_transaction(connection)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_keeps_a_cursor_of_djangos_and_its_execute_wrappers_see_every_statement() -> None:
+    prepared.run("default", [(ADD_ONE, [1])])  # the session is made, with Django's cursor
+    seen: list[str] = []
+
+    def wrapper(execute: Callable[..., Any], sql: str, params: Any, many: bool,
+                context: dict[str, Any]) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        assert prepared.run("default", [(ADD_ONE, [1])]) == [(["n", "share"], [(2, "100%")])]
+        kept = prepared._sessions[connection.connection].cursor
+        assert prepared.run("default", [(ADD_ONE, [2])]) == [(["n", "share"], [(3, "100%")])]
+    assert prepared._sessions[connection.connection].cursor is kept is not None
+    assert seen == [f"EXECUTE {ADD_ONE.name}(1)", f"EXECUTE {ADD_ONE.name}(2)"]
+    # Queries logged: each run makes Django's debug cursor, which logs it.
+    with CaptureQueriesContext(connection) as queries:
+        prepared.run("default", [(ADD_ONE, [3])])
+    assert sent(queries) == [f"EXECUTE {ADD_ONE.name}(3)"]
+    # Closed behind its back: made again.
+    kept.close()
+    assert prepared.run("default", [(ADD_ONE, [4])]) == [(["n", "share"], [(5, "100%")])]
+    assert prepared._sessions[connection.connection].cursor is not kept
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_cursor_reads_times_in_the_zone_django_reads_them(settings) -> None:
+    from django_pgjobs import enqueue
+
+    zoned = [enqueue("tests.ok", {"n": n}) for n in range(2)]  # the second on the kept cursor
+    assert all(job.created_at.tzinfo is not None for job in zoned)
+    settings.USE_TZ = False  # Django's cursor would read naive times now
+    naive = [enqueue("tests.ok", {"n": n}) for n in range(2)]
+    assert all(job.created_at.tzinfo is None for job in naive)
+    stored = Job.objects.get(pk=naive[1].pk)
+    assert (naive[1].created_at, naive[1].run_at) == (stored.created_at, stored.run_at)
