@@ -83,16 +83,25 @@ __all__ = [
 
 def enqueue(task: str | Handler, payload: Any, **options: Any) -> Job:
     """Enqueue one job in the caller's transaction; see ``django_pgjobs.enqueuing.enqueue``."""
-    from .enqueuing import enqueue as _enqueue
-
-    return _enqueue(task, payload, **options)
+    return _enqueuing().enqueue(task, payload, **options)
 
 
 def enqueue_many(specs: Any, *, using: str | None = None) -> list[Job]:
     """Enqueue many ``JobSpec``s with one INSERT; see ``django_pgjobs.enqueuing.enqueue_many``."""
-    from .enqueuing import enqueue_many as _enqueue_many
+    return _enqueuing().enqueue_many(specs, using=using)
 
-    return _enqueue_many(specs, using=using)
+
+_imported: list[Any] = []
+
+
+def _enqueuing() -> Any:
+    """``django_pgjobs.enqueuing``, imported at the first enqueue (it needs the app registry)
+    and kept: an ``import`` statement in ``enqueue`` itself ran again at every call."""
+    if not _imported:
+        from . import enqueuing
+
+        _imported.append(enqueuing)
+    return _imported[0]
 
 
 _WORKFLOW_NAMES = frozenset({"After", "chain", "chord", "group"})

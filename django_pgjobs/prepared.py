@@ -195,7 +195,7 @@ def _decide(using: str) -> bool:
 
 def run(
     using: str, statements: Sequence[tuple[Statement, Sequence[Any] | Mapping[str, Any]]], *,
-    whole_block: bool = False,
+    whole_block: bool = False, connection: BaseDatabaseWrapper | None = None,
 ) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
     """Run ``statements`` in order, in one message where the connection allows.
 
@@ -203,8 +203,10 @@ def run(
     ``EXECUTE`` (preceded, on first use or when due to be planned again, by its ``PREPARE``).
     ``whole_block``: the statements are all that their ``transaction.atomic()`` block runs;
     when it is the outermost block, the message opens and commits the transaction itself.
+    ``connection``: ``using``'s, where the caller holds it already.
     """
-    connection = connections[using]
+    if connection is None:
+        connection = connections[using]
     reads_times = any(statement.reads_times for statement, _ in statements)
     kept = _kept_cursor(connection)
     if kept is None:
@@ -276,7 +278,9 @@ def _run(
     planned: list[str] = []
     now = time.monotonic()
     raw = cursor.cursor
-    conforming = raw.connection.info.parameter_status("standard_conforming_strings") == "on"
+    # libpq's own copy of what the server last reported (psycopg's ConnectionInfo would decode
+    # the name and the value first).
+    conforming = raw.connection.pgconn.parameter_status(b"standard_conforming_strings") == b"on"
     for statement, params in statements:
         planned_at = session.planned_at.get(statement.name)
         if planned_at is None or now - planned_at >= REPLAN_SECONDS:

@@ -97,7 +97,8 @@ def insert_job(
     connection = connections[using]
     if prepared.outside_any_transaction(connection) and prepared.enabled(using):
         try:
-            [(names, rows)] = prepared.run(using, [(_INSERT_JOB[keyed], params)])
+            [(names, rows)] = prepared.run(using, [(_INSERT_JOB[keyed], params)],
+                                           connection=connection)
             return names, rows
         except DatabaseError as error:
             if not prepared.lost_statement(error):
