@@ -47,6 +47,7 @@ import psycopg
 from django.core.signals import setting_changed
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.asyncio import async_unsafe
 
 from .conf import settings
 
@@ -143,11 +144,6 @@ class _Session:
     known: bool = True  # False after an error: the session is read before it is trusted
     # EXECUTEs with their values written in, of statements that repeat them.
     bound: dict[tuple[Any, ...], str] = field(default_factory=dict)
-    # The cursor ``run`` keeps (``_kept_cursor``), the time zone it was made in, and whether
-    # it reads times with psycopg's loader.
-    cursor: Any = None
-    cursor_timezone: Any = None
-    cursor_reads_times: bool = False
 
 
 # Keyed by the psycopg connection, not Django's wrapper of it: a pool hands one connection to
@@ -214,41 +210,58 @@ def run(
             if reads_times:
                 read_times_with_psycopgs_loader(connection, cursor.cursor)
             return _run(connection, cursor, using, statements, whole_block)
-    session, cursor = kept
-    if reads_times and not session.cursor_reads_times:
-        read_times_with_psycopgs_loader(connection, cursor.cursor)
-        session.cursor_reads_times = True
-    return _run(connection, cursor, using, statements, whole_block)
+    if reads_times and not kept.reads_times:
+        read_times_with_psycopgs_loader(connection, kept.cursor.cursor)
+        kept.reads_times = True
+    return _run(connection, kept.cursor, using, statements, whole_block)
 
 
-def _kept_cursor(connection: BaseDatabaseWrapper) -> tuple[_Session, Any] | None:
-    """The cursor ``run`` keeps on ``connection``'s session, or None: make one of Django's.
+@dataclass
+class _Kept:
+    """The cursor ``run`` keeps on a Django wrapper of a connection, and what it was made for.
 
-    Making a cursor was a tenth of a single enqueue's client CPU. A kept one is Django's all
-    the same, made by ``connection.cursor()`` for this wrapper of the connection and its time
-    zone, and made anew wherever Django's would differ: while queries are logged (each needs
-    Django's debug wrapper), before the connection's health check (Django's cursor runs it),
-    once the time zone or the wrapper changed (a pool hands a connection to one wrapper after
-    another), or once it is closed.
+    Kept on the wrapper, not in ``_sessions``: the cursor holds its psycopg connection, and a
+    value of a weak-keyed dictionary that holds its own key keeps it forever.
+    """
+
+    raw: Any  # the psycopg connection
+    cursor: Any  # Django's cursor wrapper
+    timezone: Any  # Django's time zone for the connection, when it was made
+    session_zone: bytes | None  # the session's TimeZone, when it was made
+    reads_times: bool = False  # psycopg's timestamptz loader registered
+
+
+_KEPT = "_pgjobs_kept_cursor"
+
+
+@async_unsafe
+def _kept_cursor(connection: BaseDatabaseWrapper) -> _Kept | None:
+    """The cursor ``run`` keeps on ``connection``, or None: make one of Django's each time.
+
+    Making a cursor was a tenth of a single enqueue's client CPU. A kept one is made by
+    ``connection.cursor()``, and used only where a new one would be the same: it is made anew
+    once the psycopg connection, Django's time zone or the session's changed, or it was closed.
+    None where Django's cursor does more than make one: while queries are logged (each needs
+    Django's debug wrapper), before the connection's health check, or on a connection shared
+    between threads. Unlike a closed one, it keeps its last result until the next statement.
     """
     raw = connection.connection
-    if raw is None or connection.queries_logged or (
+    if raw is None or connection.queries_logged or connection.allow_thread_sharing or (
             connection.health_check_enabled  # type: ignore[attr-defined]
             and not connection.health_check_done):  # type: ignore[attr-defined]
         return None
-    session = _sessions.get(raw)
-    if session is None:
+    if raw not in _sessions:  # not preparing here, or not yet: nothing is kept before a session
         return None
-    cursor = session.cursor
+    kept: _Kept | None = connection.__dict__.get(_KEPT)
     timezone = connection.timezone
-    if (cursor is None or cursor.db is not connection or cursor.cursor.closed
-            or session.cursor_timezone is not timezone):
-        cursor = session.cursor = connection.cursor()
-        session.cursor_timezone = timezone
-        session.cursor_reads_times = False
+    session_zone = raw.pgconn.parameter_status(b"TimeZone")
+    if (kept is None or kept.raw is not raw or kept.cursor.cursor.closed
+            or kept.timezone is not timezone or kept.session_zone != session_zone):
+        kept = _Kept(raw, connection.cursor(), timezone, session_zone)
+        connection.__dict__[_KEPT] = kept
     else:
         connection.validate_thread_sharing()
-    return session, cursor
+    return kept
 
 
 def _run(
@@ -490,8 +503,9 @@ def _forget(session: _Session, using: str, error: BaseException) -> None:
     session.known = False
     if lost_statement(error):
         count = _lost_sessions[using] = _lost_sessions.get(using, 0) + 1
+        if count >= _LOST_SESSION_LIMIT:
+            _decided[using] = False
         if count == _LOST_SESSION_LIMIT:
-            _decided.pop(using, None)
             logger.warning(
                 "prepared statements keep disappearing from the sessions of database %r (is a "
                 "pooler in transaction mode in between?); its statements are sent in full from "

@@ -800,7 +800,7 @@ def test_a_jobs_page_in_the_admin_shows_its_limit_key_and_slot(login) -> None:
 
 def test_each_row_trigger_asks_one_column_in_its_when_and_its_function_the_rest() -> None:
     # PostgreSQL prepares a trigger's WHEN anew for every statement that may fire it: whole
-    # conditions there cost every claim, settle and INSERT about 90 us (migration 0020). The
+    # conditions there cost every claim and settlement about 55 us (migration 0020). The
     # rest of each condition is the first thing its function tests.
     with connection.cursor() as cursor:
         cursor.execute(

@@ -452,6 +452,11 @@ def test_outside_any_transaction_connects_and_reads_the_session() -> None:
     assert prepared.outside_any_transaction(connection)
 
 
+def kept_cursor() -> Any:
+    kept = connections["default"].__dict__.get(prepared._KEPT)
+    return None if kept is None else kept.cursor
+
+
 @pytest.mark.django_db(transaction=True)
 def test_run_keeps_a_cursor_of_djangos_and_its_execute_wrappers_see_every_statement() -> None:
     prepared.run("default", [(ADD_ONE, [1])])  # the session is made, with Django's cursor
@@ -464,9 +469,9 @@ def test_run_keeps_a_cursor_of_djangos_and_its_execute_wrappers_see_every_statem
 
     with connection.execute_wrapper(wrapper):
         assert prepared.run("default", [(ADD_ONE, [1])]) == [(["n", "share"], [(2, "100%")])]
-        kept = prepared._sessions[connection.connection].cursor
+        kept = kept_cursor()
         assert prepared.run("default", [(ADD_ONE, [2])]) == [(["n", "share"], [(3, "100%")])]
-    assert prepared._sessions[connection.connection].cursor is kept is not None
+    assert kept_cursor() is kept is not None
     assert seen == [f"EXECUTE {ADD_ONE.name}(1)", f"EXECUTE {ADD_ONE.name}(2)"]
     # Queries logged: each run makes Django's debug cursor, which logs it.
     with CaptureQueriesContext(connection) as queries:
@@ -475,7 +480,51 @@ def test_run_keeps_a_cursor_of_djangos_and_its_execute_wrappers_see_every_statem
     # Closed behind its back: made again.
     kept.close()
     assert prepared.run("default", [(ADD_ONE, [4])]) == [(["n", "share"], [(5, "100%")])]
-    assert prepared._sessions[connection.connection].cursor is not kept
+    assert kept_cursor() is not kept
+    # A connection shared between threads: Django's cursor each time, none kept anew.
+    kept = kept_cursor()
+    kept.close()
+    connection.inc_thread_sharing()
+    try:
+        prepared.run("default", [(ADD_ONE, [5])])
+    finally:
+        connection.dec_thread_sharing()
+    assert kept_cursor() is kept
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_closed_connection_is_not_kept_alive_by_its_kept_cursor() -> None:
+    import gc
+    import weakref
+
+    prepared.run("default", [(ADD_ONE, [1])])
+    prepared.run("default", [(ADD_ONE, [1])])  # on the kept cursor
+    assert kept_cursor() is not None
+    gone = weakref.ref(connection.connection)
+    connection.close()
+    prepared.run("default", [(ADD_ONE, [1])])  # a new connection: its own session, then cursor
+    prepared.run("default", [(ADD_ONE, [1])])
+    gc.collect()
+    assert gone() is None
+    assert kept_cursor().cursor.connection is connection.connection
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_cursor_is_made_again_when_the_session_changes_its_time_zone() -> None:
+    from django_pgjobs import enqueue
+
+    enqueue("tests.ok", {"n": 0})
+    first = enqueue("tests.ok", {"n": 1})  # on the kept cursor, psycopg's loader in UTC
+    assert first.created_at.utcoffset().total_seconds() == 0
+    with connection.cursor() as cursor:
+        cursor.execute("SET TIME ZONE 'Asia/Kolkata'")  # the application's, behind Django's back
+    try:
+        again = enqueue("tests.ok", {"n": 2})
+        # What Django's own cursor gives: its time zone (UTC), whatever the session's.
+        assert again.created_at.utcoffset().total_seconds() == 0
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET TIME ZONE 'UTC'")
 
 
 @pytest.mark.django_db(transaction=True)

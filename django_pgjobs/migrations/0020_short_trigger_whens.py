@@ -5,8 +5,9 @@ from django.db import migrations
 #
 # PostgreSQL prepares a trigger's WHEN clause anew for every statement that may fire it: it reads
 # the clause's stored tree and simplifies it, as it does a CHECK constraint (migration 0019).
-# Six row triggers with whole conditions cost a claim, a settle and a single INSERT about 90 us
-# of server time a statement on PostgreSQL 15, whatever their rows (docs/benchmarks.md). Each
+# The four row triggers of an UPDATE of status, with whole conditions, cost every claim and
+# settlement about 55 us of server time on PostgreSQL 15, whatever its rows (docs/benchmarks.md;
+# an INSERT's two cost too little to measure). Each
 # WHEN now tests one column, which every job that the trigger may concern has (a limit key, a
 # held slot, a rate, dependents, the throttled status); a job without one costs the trigger that
 # test alone, as before, and one with one enters the function, which tests the rest and returns
