@@ -224,8 +224,7 @@ class _Kept:
     value of a weak-keyed dictionary that holds its own key keeps it forever.
     """
 
-    raw: Any  # the psycopg connection
-    cursor: Any  # Django's cursor wrapper
+    cursor: Any  # Django's cursor wrapper (``cursor.cursor.connection``: the psycopg connection)
     timezone: Any  # Django's time zone for the connection, when it was made
     session_zone: bytes | None  # the session's TimeZone, when it was made
     reads_times: bool = False  # psycopg's timestamptz loader registered
@@ -255,9 +254,9 @@ def _kept_cursor(connection: BaseDatabaseWrapper) -> _Kept | None:
     kept: _Kept | None = connection.__dict__.get(_KEPT)
     timezone = connection.timezone
     session_zone = raw.pgconn.parameter_status(b"TimeZone")
-    if (kept is None or kept.raw is not raw or kept.cursor.cursor.closed
+    if (kept is None or kept.cursor.cursor.connection is not raw or kept.cursor.cursor.closed
             or kept.timezone is not timezone or kept.session_zone != session_zone):
-        kept = _Kept(raw, connection.cursor(), timezone, session_zone)
+        kept = _Kept(connection.cursor(), timezone, session_zone)
         connection.__dict__[_KEPT] = kept
     else:
         connection.validate_thread_sharing()
