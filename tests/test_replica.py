@@ -164,7 +164,8 @@ def test_a_listener_whose_server_turns_read_only_leaves_it(cluster, monkeypatch,
         admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
         admin.execute("SELECT pg_reload_conf()")
         wait_for(lambda: listener.reconnects > 0, 10)
-        assert "listening on a read-only server" in caplog.text
+        # The listener counts the reconnect just before it logs why: wait for the line.
+        wait_for(lambda: "listening on a read-only server" in caplog.text, 10)
     finally:
         admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
         admin.execute("SELECT pg_reload_conf()")
